@@ -1,0 +1,70 @@
+// What moekit can see of the machine's CUDA devices. Safe to call in a build without CUDA or on a machine
+// without a GPU: it then reports zero devices instead of throwing.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace moekit {
+
+struct DeviceInfo {
+  int index = -1;
+  std::string name;          // e.g. "NVIDIA H200"
+  int cc_major = 0;          // compute capability
+  int cc_minor = 0;
+  int sm_count = 0;
+  long long global_mem_bytes = 0;
+  int l2_bytes = 0;
+  int max_smem_per_block_optin = 0;
+  int cuda_runtime_version = 0;  // e.g. 13000
+  int driver_version = 0;
+};
+
+/// True when this build of moekit contains CUDA kernels.
+bool built_with_cuda();
+
+/// Number of usable CUDA devices; 0 without CUDA support, a driver or a GPU. Never throws.
+int cuda_device_count();
+
+/// Properties of device `index`. Throws NotSupported when there is no such device.
+DeviceInfo device_info(int index = 0);
+
+/// True when device `index` exists and is a Hopper part with sm_90 (the only architecture moekit kernels target).
+bool device_is_sm90(int index = 0);
+
+/// Owning device memory for tools, tests and bindings that must not include CUDA headers. Allocation happens in the
+/// constructor (cudaMalloc on `device`); upload/download are synchronous copies. Throws NotSupported in a build
+/// without CUDA, CudaError when a CUDA call fails.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(size_t bytes, int device = 0);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  int device() const { return device_; }
+  /// Copies `bytes` (<= this->bytes()) from host memory.
+  void upload(const void* host, size_t bytes);
+  /// Copies `bytes` (<= this->bytes()) to host memory, after the device's pending work.
+  void download(void* host, size_t bytes) const;
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  int device_ = 0;
+};
+
+/// Synchronous copies between host memory and device memory that moekit or the caller allocated.
+/// Throws NotSupported without CUDA, CudaError on failure.
+void copy_to_host(void* host_dst, const void* device_src, size_t bytes);
+void copy_to_device(void* device_dst, const void* host_src, size_t bytes);
+
+/// Waits for all work on `device`. Throws CudaError with the failure of any earlier asynchronous work.
+void device_synchronize(int device = 0);
+
+}  // namespace moekit

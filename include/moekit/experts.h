@@ -1,0 +1,80 @@
+// Expert compute (DESIGN §5): from a route plan and hidden states [T, H] bf16 to the combined output [T, H] bf16:
+//   gather rows by plan -> GEMM1 (w13, [2I, H] per expert) + b13 -> gated activation -> [rows, I]
+//   -> GEMM2 (w2, [H, I] per expert) + b2 -> [rows, H] -> out[t] = sum_j w[t,j] * y[slot_rows[t,j]]
+// in fp32 with j in slot order and one rounding to bf16 at the end.
+// Expert ids in the plan are global: 0..E-1 routed, E..E+S-1 fused shared experts. Weights hold E' = local experts
+// + S shared experts: global routed id e maps to local e - local_expert_offset when it lies in
+// [offset, offset + local_num_experts), shared id E+s maps to local_num_experts + s; slots of other ranks'
+// experts contribute nothing.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "moekit/plan.h"
+#include "moekit/tensor.h"
+
+namespace moekit {
+
+enum class Activation : uint8_t { silu_gated, swiglu_clamped, gelu_gated };
+/// Arrangement of gate and up rows inside w13 [E', 2I, H]: gate rows then up rows, up then gate, or interleaved
+/// row by row (gate, up, gate, up, ... as in GPT-OSS checkpoints).
+enum class GateUpLayout : uint8_t { gate_first, up_first, interleaved };
+
+std::string_view activation_name(Activation a);          // "silu_gated", "swiglu_clamped", "gelu_gated"
+Activation parse_activation(std::string_view name);      // throws InvalidArgument listing the names
+std::string_view gate_up_layout_name(GateUpLayout l);    // "gate_first", "up_first", "interleaved"
+GateUpLayout parse_gate_up_layout(std::string_view name);
+
+/// Parameters of the gated activations.
+///   silu_gated:     silu(gate) * up
+///   swiglu_clamped: g = min(gate, limit), u = clamp(up, -limit, limit), g * sigmoid(alpha * g) * (u + beta)
+///   gelu_gated:     gelu_tanh(gate) * up
+struct ActivationParams {
+  float alpha = 1.702f;
+  float beta = 1.0f;
+  float limit = 7.0f;
+};
+
+struct ExpertConfig {
+  int num_experts = 0;          // E (global routed experts)
+  int top_k = 0;                // K
+  int hidden = 0;               // H
+  int intermediate = 0;         // I
+  int num_shared_experts = 0;   // S, fused as extra experts E..E+S-1 (replicated on every rank)
+  int local_num_experts = -1;   // experts held here; -1 means all E
+  int local_expert_offset = 0;  // first global routed expert held here
+  Activation activation = Activation::silu_gated;
+  GateUpLayout gate_up = GateUpLayout::gate_first;
+  ActivationParams act{};
+
+  int local_experts() const { return local_num_experts < 0 ? num_experts : local_num_experts; }
+  /// E' = local routed experts + shared experts: the leading dimension of the weights.
+  int weight_experts() const { return local_experts() + num_shared_experts; }
+
+  /// Throws InvalidArgument naming the field (op "experts"): positive sizes, H and I multiples of 8 (16-byte rows
+  /// in bf16), K + S <= 32, a local range inside [0, E).
+  void validate() const;
+};
+
+/// Expert weights, bf16, K-contiguous. Optional biases are fp32 or bf16.
+struct ExpertWeights {
+  TensorView w13;  // [E', 2I, H] bf16
+  TensorView w2;   // [E', H, I] bf16
+  TensorView b13;  // optional [E', 2I]
+  TensorView b2;   // optional [E', H]
+};
+
+/// Checks shapes, dtypes, contiguity and devices of weights against cfg. Throws InvalidArgument.
+void validate_expert_weights(const ExpertConfig& cfg, const ExpertWeights& w, Device device);
+
+/// One gated activation in fp32 (the reference definition every backend follows).
+float apply_activation(Activation a, const ActivationParams& p, float gate, float up);
+
+/// CPU reference for the experts: hidden [T, H] bf16 and a host plan (T = plan.tokens) -> out [T, H] bf16.
+/// Accumulates in fp32 and keeps intermediates in fp32. `threads` = 0 uses every hardware thread.
+/// Throws InvalidArgument on a mismatch between cfg, weights, plan and tensors.
+void experts_reference(const ExpertConfig& cfg, const ExpertWeights& weights, const TensorView& hidden,
+                       const RoutePlanView& plan, const TensorView& out, int threads = 0);
+
+}  // namespace moekit

@@ -1,0 +1,74 @@
+// Routing: logits [T, E] -> for each token K routed slots (descending selection key) then S fused shared slots
+// (DESIGN §3). The semantics below are the contract every backend implements bit-for-bit in its ids.
+//
+//   method           selection key (before bias)   weight of a selected expert
+//   softmax_topk     logit (softmax is monotonic)  softmax(logits)[e] over all E; / sum over the K if renormalize
+//   topk_softmax     logit                         softmax over the K selected logits
+//   sigmoid_grouped  sigmoid(logit)                sigmoid(logit); / sum over the K if renormalize
+//   llama4 (K = 1)   logit                         sigmoid(logit)
+//   pre_scored       score                         score; / sum over the K if renormalize
+//
+// - bias [E] (optional) is added to the selection key only, never to a weight.
+// - sigmoid_grouped groups: E is split into n_group contiguous groups of E/n_group; a group's score is the sum of
+//   its two best keys (its one key when a group has a single expert); the topk_group best groups are kept and the
+//   K experts are chosen among them.
+// - Order: higher key first; equal keys go to the lower expert id (groups: the lower group id). A NaN key ranks
+//   below every number (as -inf, and after a real -inf).
+// - routed_scaling_factor multiplies every routed weight (after renormalization) for every method.
+// - Renormalization (softmax_topk, sigmoid_grouped, pre_scored) divides by the sum of the K routed weights when
+//   that sum is non-zero; topk_softmax weights already sum to 1 and llama4 (K = 1) ignores the flag.
+// - Fused shared experts: slots K..K+S-1 get ids E..E+S-1 and weight exactly 1.0f.
+// - Routing replay: optional int16 [R, K] contiguous buffer, R >= T; row t receives token t's K routed ids in slot
+//   order; rows >= T are not touched. Requires E < 32768.
+// - Arithmetic is fp32; sigmoid and exp use moekit's own portable functions so that keys are bitwise identical on
+//   every backend.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "moekit/tensor.h"
+
+namespace moekit {
+
+enum class RoutingMethod : uint8_t { softmax_topk, topk_softmax, sigmoid_grouped, llama4, pre_scored };
+
+/// "softmax_topk", "topk_softmax", "sigmoid_grouped", "llama4", "pre_scored".
+std::string_view routing_method_name(RoutingMethod m);
+
+/// Parses a routing_method_name(). Throws InvalidArgument listing the valid names.
+RoutingMethod parse_routing_method(std::string_view name);
+
+inline constexpr int kMaxExperts = 1024;
+inline constexpr int kMaxSlots = 32;  // K + S
+
+struct RoutingConfig {
+  RoutingMethod method = RoutingMethod::softmax_topk;
+  int num_experts = 0;          // E, 1..1024
+  int top_k = 0;                // K, 1..min(E, 32)
+  int num_shared_experts = 0;   // S >= 0, K + S <= 32
+  bool renormalize = false;
+  int n_group = 1;              // sigmoid_grouped only: divides E
+  int topk_group = 1;           // sigmoid_grouped only: 1..n_group; K <= topk_group * E / n_group
+  float routed_scaling_factor = 1.0f;
+
+  int slots() const { return top_k + num_shared_experts; }
+
+  /// Checks every limit above. Throws InvalidArgument, e.g. "moekit::route: top_k (9) must be <= num_experts (8)".
+  void validate() const;
+};
+
+/// Validates one routing call's tensors against `cfg` (which is validated too):
+///   logits [T, E] fp32/bf16, unit stride in E, row stride >= E, on `device`;
+///   bias absent or [E] fp32/bf16 contiguous on `device`;
+///   replay absent or [R, K] int16 contiguous with R >= T, on `device`, and E < 32768.
+/// `max_tokens` is the capacity of the output buffers (T must not exceed it). Throws InvalidArgument.
+void validate_route_args(const RoutingConfig& cfg, const TensorView& logits, const TensorView& bias,
+                         const TensorView& replay, int64_t max_tokens, Device device);
+
+/// CPU reference top-k: fills topk_ids [T, K+S] int32 and topk_weights [T, K+S] fp32 (both contiguous host
+/// arrays of at least T*(K+S) elements) and the replay rows. Validates first. Does not allocate per token.
+void route_topk_reference(const RoutingConfig& cfg, const TensorView& logits, const TensorView& bias,
+                          int32_t* topk_ids, float* topk_weights, const TensorView& replay = {});
+
+}  // namespace moekit

@@ -1,0 +1,148 @@
+// Device queries through the CUDA runtime; without a CUDA build (or a driver) they report no devices.
+#include "moekit/device.h"
+
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "moekit/error.h"
+
+#if MOEKIT_HAS_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
+namespace moekit {
+
+bool built_with_cuda() {
+#if MOEKIT_HAS_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+int cuda_device_count() {
+#if MOEKIT_HAS_CUDA
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n;
+#else
+  return 0;
+#endif
+}
+
+DeviceInfo device_info(int index) {
+  int n = cuda_device_count();
+  if (index < 0 || index >= n)
+    throw NotSupported("device_info", fmt::format("device index ({}) must be < the number of CUDA devices ({})",
+                                                  index, n));
+  DeviceInfo info;
+#if MOEKIT_HAS_CUDA
+  cudaDeviceProp p{};
+  if (cudaGetDeviceProperties(&p, index) != cudaSuccess)
+    throw CudaError("device_info", fmt::format("cudaGetDeviceProperties({}) failed", index));
+  info.index = index;
+  info.name = p.name;
+  info.cc_major = p.major;
+  info.cc_minor = p.minor;
+  info.sm_count = p.multiProcessorCount;
+  info.global_mem_bytes = static_cast<long long>(p.totalGlobalMem);
+  info.l2_bytes = p.l2CacheSize;
+  info.max_smem_per_block_optin = static_cast<int>(p.sharedMemPerBlockOptin);
+  cudaRuntimeGetVersion(&info.cuda_runtime_version);
+  cudaDriverGetVersion(&info.driver_version);
+#endif
+  return info;
+}
+
+bool device_is_sm90(int index) {
+  if (index < 0 || index >= cuda_device_count()) return false;
+  DeviceInfo d = device_info(index);
+  return d.cc_major == 9 && d.cc_minor == 0;
+}
+
+#if MOEKIT_HAS_CUDA
+namespace {
+void check(cudaError_t e, const char* call) {
+  if (e != cudaSuccess) throw CudaError("device", fmt::format("{} failed: {}", call, cudaGetErrorString(e)));
+}
+}  // namespace
+
+DeviceBuffer::DeviceBuffer(size_t bytes, int device) : bytes_(bytes), device_(device) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  if (bytes > 0) check(cudaMalloc(&data_, bytes), "cudaMalloc");
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (data_) cudaFree(data_);
+}
+
+void DeviceBuffer::upload(const void* host, size_t bytes) {
+  if (bytes > bytes_)
+    throw InvalidArgument("device", fmt::format("upload of {} bytes must be <= the buffer's {} bytes", bytes, bytes_));
+  check(cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy(host to device)");
+}
+
+void DeviceBuffer::download(void* host, size_t bytes) const {
+  if (bytes > bytes_)
+    throw InvalidArgument("device",
+                          fmt::format("download of {} bytes must be <= the buffer's {} bytes", bytes, bytes_));
+  check(cudaMemcpy(host, data_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy(device to host)");
+}
+
+void copy_to_host(void* host_dst, const void* device_src, size_t bytes) {
+  check(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy(device to host)");
+}
+
+void copy_to_device(void* device_dst, const void* host_src, size_t bytes) {
+  check(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy(host to device)");
+}
+
+void device_synchronize(int device) {
+  check(cudaSetDevice(device), "cudaSetDevice");
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+#else
+DeviceBuffer::DeviceBuffer(size_t, int) {
+  throw NotSupported("device", "device memory needs CUDA: moekit was built without CUDA");
+}
+DeviceBuffer::~DeviceBuffer() = default;
+void DeviceBuffer::upload(const void*, size_t) {
+  throw NotSupported("device", "device memory needs CUDA: moekit was built without CUDA");
+}
+void DeviceBuffer::download(void*, size_t) const {
+  throw NotSupported("device", "device memory needs CUDA: moekit was built without CUDA");
+}
+void copy_to_host(void*, const void*, size_t) {
+  throw NotSupported("device", "device memory needs CUDA: moekit was built without CUDA");
+}
+void copy_to_device(void*, const void*, size_t) {
+  throw NotSupported("device", "device memory needs CUDA: moekit was built without CUDA");
+}
+void device_synchronize(int) {
+  throw NotSupported("device", "device_synchronize needs CUDA: moekit was built without CUDA");
+}
+#endif
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept
+    : data_(other.data_), bytes_(other.bytes_), device_(other.device_) {
+  other.data_ = nullptr;
+  other.bytes_ = 0;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    DeviceBuffer old(std::move(*this));
+    data_ = other.data_;
+    bytes_ = other.bytes_;
+    device_ = other.device_;
+    other.data_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+}  // namespace moekit

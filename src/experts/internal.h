@@ -1,0 +1,27 @@
+// Internals of the expert-compute reference shared between its translation units and its tests: the tensor check
+// behind every "experts" validation message, and the reference with an explicit token-chunk size (so tests can
+// exercise the chunked path, which real sizes only reach with very large T).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <string_view>
+
+#include "moekit/experts.h"
+#include "moekit/tensor.h"
+
+namespace moekit::detail {
+
+/// Throws InvalidArgument unless `t` is present, has exactly the extents `dims` (written `symbols` in the
+/// header's notation, e.g. "[E', 2I, H]"), is bf16 (or fp32 when `allow_fp32`), contiguous, non-null when not
+/// empty, and on `device`. Checks in that order; the first failure names the rule:
+/// "<name> (<describe()>) must be <rule>".
+void check_expert_tensor(const TensorView& t, std::string_view name, std::string_view symbols,
+                         std::initializer_list<int64_t> dims, bool allow_fp32, Device device);
+
+/// experts_reference processing at most `chunk_tokens` (>= 1) tokens at a time; experts_reference picks the chunk
+/// that bounds its fp32 scratch to about 128 MiB. The result does not depend on the chunk size.
+void experts_reference_chunked(const ExpertConfig& cfg, const ExpertWeights& weights, const TensorView& hidden,
+                               const RoutePlanView& plan, const TensorView& out, int threads, int64_t chunk_tokens);
+
+}  // namespace moekit::detail

@@ -1,0 +1,37 @@
+// Internal entry of the fused CUDA router, called by moekit::route() for plans on a CUDA device after the shared
+// validation (validate_route_args and the plan-shape checks) has passed. Host-only declarations: no CUDA headers.
+// The router needs a small device workspace per plan (per-CTA expert histograms and a self-resetting grid-barrier
+// counter); route_cuda_workspace_ints() gives its size so that RoutePlan can own it.
+#pragma once
+
+#include <cstdint>
+
+#include "moekit/plan.h"
+#include "moekit/routing.h"
+#include "moekit/tensor.h"
+
+namespace moekit::detail {
+
+/// Fills `plan` (device buffers) for logits [T, E] with one kernel launch on `stream` (a cudaStream_t) and
+/// sets plan.tokens = T. No allocation, no host synchronization. Throws CudaError if the launch fails.
+/// Workspace: when RoutePlanView has a non-null `workspace` member (route_cuda_workspace_ints() int32, zeroed once
+/// when allocated) it is used; otherwise a workspace is allocated once per plan on its first call (so that first
+/// call must not be inside a CUDA-graph capture; later calls allocate nothing).
+void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const TensorView& bias, RoutePlanView& plan,
+                Stream stream, const TensorView& replay);
+
+/// int32 elements of device workspace the fused router needs for a plan of this shape. The memory must be zeroed
+/// once when it is allocated (the kernel leaves it in that state after every call).
+int64_t route_cuda_workspace_ints(const PlanShape& shape);
+
+/// Launch geometry of the fused router, for benchmarks that compare alternatives. ctas = 0 (the default) lets the
+/// heuristic choose; otherwise the grid is clamped to what can be co-resident. Not thread-safe; process-wide.
+struct RouteCudaTuning {
+  int ctas = 0;
+};
+void set_route_cuda_tuning(const RouteCudaTuning& tuning);
+
+/// Grid size the last route_cuda() call used (for benchmark reports).
+int route_cuda_last_ctas();
+
+}  // namespace moekit::detail

@@ -1,0 +1,99 @@
+// Arithmetic shared bit-for-bit by the CPU reference and the CUDA router: a portable exp/sigmoid built from
+// explicitly rounded operations (no contraction into FMA, no fast-math), and the total order on selection keys.
+// Identical keys on every backend are what make the selected ids match exactly, also for near-ties.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define MOEKIT_HD __host__ __device__ __forceinline__
+#else
+#define MOEKIT_HD inline
+#endif
+
+namespace moekit::routing_math {
+
+#if defined(__CUDA_ARCH__)
+MOEKIT_HD float mul(float a, float b) { return __fmul_rn(a, b); }
+MOEKIT_HD float add(float a, float b) { return __fadd_rn(a, b); }
+MOEKIT_HD float div(float a, float b) { return __fdiv_rn(a, b); }
+MOEKIT_HD float fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+MOEKIT_HD float round_int(float a) { return rintf(a); }
+MOEKIT_HD uint32_t bits(float f) { return __float_as_uint(f); }
+MOEKIT_HD float from_bits(uint32_t u) { return __uint_as_float(u); }
+#else
+MOEKIT_HD float mul(float a, float b) {
+  volatile float r = a * b;  // volatile: no contraction with a neighbouring add
+  return r;
+}
+MOEKIT_HD float add(float a, float b) {
+  volatile float r = a + b;
+  return r;
+}
+MOEKIT_HD float div(float a, float b) { return a / b; }
+MOEKIT_HD float fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+MOEKIT_HD float round_int(float a) { return __builtin_rintf(a); }
+MOEKIT_HD uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+MOEKIT_HD float from_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+#endif
+
+/// exp(x) in fp32, within 3 ulp of the correctly rounded value, bitwise identical on host and device. Cody-Waite reduction by ln 2, a degree-6
+/// polynomial on [-ln2/2, ln2/2], then an exact scaling by 2^k.
+MOEKIT_HD float exp(float x) {
+  if (x != x) return x;
+  if (x > 88.72283935546875f) return from_bits(0x7f800000u);
+  if (x < -103.97208404541016f) return 0.0f;
+  const float k = round_int(mul(x, 1.44269502162933349609375f));
+  float r = fma(k, -0.693145751953125f, x);
+  r = fma(k, -1.428606765330187045e-06f, r);
+  float p = 1.3888889225e-3f;  // 1/720
+  p = fma(p, r, 8.3333337680e-3f);
+  p = fma(p, r, 4.1666667908e-2f);
+  p = fma(p, r, 1.6666667163e-1f);
+  p = fma(p, r, 0.5f);
+  p = fma(p, r, 1.0f);
+  p = fma(p, r, 1.0f);
+  int ki = static_cast<int>(k);
+  // 2^k as one or two exact power-of-two factors (k may be below the normal range).
+  if (ki < -126) {
+    p = mul(p, from_bits(static_cast<uint32_t>(ki + 126 + 127) << 23));
+    ki = -126;
+  }
+  if (ki > 127) {
+    p = mul(p, 2.0f);
+    ki -= 1;
+  }
+  return mul(p, from_bits(static_cast<uint32_t>(ki + 127) << 23));
+}
+
+/// 1 / (1 + exp(-x)), IEEE-rounded division.
+MOEKIT_HD float sigmoid(float x) { return div(1.0f, add(1.0f, exp(-x))); }
+
+/// Maps a key to an unsigned integer with the same order: NaN lowest (below -inf), -0 equal to +0.
+MOEKIT_HD uint32_t ordered_key(float key) {
+  if (key != key) return 0u;
+  if (key == 0.0f) key = 0.0f;
+  const uint32_t u = bits(key);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/// A (key, expert) pair as one integer: larger is selected first; equal keys prefer the lower expert id.
+MOEKIT_HD uint64_t packed_key(float key, int expert) {
+  return (static_cast<uint64_t>(ordered_key(key)) << 32) | static_cast<uint32_t>(0xffffffffu - static_cast<uint32_t>(expert));
+}
+
+/// The expert id packed by packed_key().
+MOEKIT_HD int packed_expert(uint64_t packed) {
+  return static_cast<int>(0xffffffffu - static_cast<uint32_t>(packed & 0xffffffffu));
+}
+
+}  // namespace moekit::routing_math

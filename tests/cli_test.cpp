@@ -1,0 +1,109 @@
+// The moekit CLI on the CPU backend: exit codes and the validation messages users see, --help everywhere, and
+// the demo printing a result.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <string>
+
+namespace {
+
+struct CliRun {
+  int status = -1;
+  std::string output;  // stdout and stderr together
+};
+
+CliRun run_cli(const std::string& args) {
+  const std::string cmd = std::string(MOEKIT_CLI_PATH) + " " + args + " 2>&1";
+  CliRun r;
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return r;
+  std::array<char, 4096> buf{};
+  while (fgets(buf.data(), buf.size(), pipe)) r.output += buf.data();
+  const int raw = pclose(pipe);
+  r.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  return r;
+}
+
+TEST(Cli, TopKAboveExpertsFailsWithTheRule) {
+  CliRun r = run_cli("route --experts 8 --top-k 9");
+  EXPECT_NE(r.status, 0);
+  EXPECT_NE(r.output.find("moekit::route: top_k (9) must be <= num_experts (8)"), std::string::npos) << r.output;
+}
+
+TEST(Cli, BadBlockFailsWithTheRule) {
+  for (const char* b : {"0", "300"}) {
+    CliRun r = run_cli(std::string("route --experts 8 --top-k 2 --block ") + b);
+    EXPECT_EQ(r.status, 1);
+    EXPECT_NE(r.output.find(std::string("block (") + b + ") must be in [1, 256]"), std::string::npos) << r.output;
+  }
+}
+
+TEST(Cli, UnknownMethodListsTheMethods) {
+  CliRun r = run_cli("route --method softmax");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("sigmoid_grouped"), std::string::npos) << r.output;
+}
+
+TEST(Cli, RoutePrintsIdsAndPlan) {
+  CliRun r = run_cli(
+      "route --experts 16 --top-k 4 --shared 1 --tokens 5 --block 4 --method sigmoid_grouped "
+      "--n-group 4 --topk-group 2 --renormalize --scale 2.5 --bias");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("token 0: ids ["), std::string::npos) << r.output;
+  // 5 tokens x 5 slots; the shared expert (id 16) receives every token.
+  EXPECT_NE(r.output.find("plan: padded rows"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" 5\n"), std::string::npos) << r.output;
+}
+
+TEST(Cli, RouteReadsLogitsFromAFile) {
+  char path[] = "/tmp/moekit_cli_logitsXXXXXX";
+  const int fd = mkstemp(path);
+  ASSERT_GE(fd, 0);
+  // Two tokens over 4 experts: token 0 prefers 2 then 0, token 1 prefers 3 then 1.
+  const std::string text = "1.0 -1.0 3.0 0.5\n-2.0 2.0 0.0 4.0\n";
+  ASSERT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  close(fd);
+  CliRun r = run_cli(std::string("route --experts 4 --top-k 2 --method topk_softmax --logits ") + path);
+  std::remove(path);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("token 0: ids [2, 0]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("token 1: ids [3, 1]"), std::string::npos) << r.output;
+}
+
+TEST(Cli, HelpEverywhere) {
+  for (const char* sub : {"", "demo", "route", "bench", "tune"}) {
+    CliRun r = run_cli(std::string(sub) + " --help");
+    EXPECT_EQ(r.status, 0) << sub << ": " << r.output;
+    EXPECT_NE(r.output.find("Usage"), std::string::npos) << sub << ": " << r.output;
+  }
+}
+
+TEST(Cli, NoSubcommandIsAnError) {
+  CliRun r = run_cli("");
+  EXPECT_NE(r.status, 0);
+}
+
+TEST(Cli, DemoRunsOnTheCpuReference) {
+  CliRun r = run_cli("demo --preset qwen3-30b-a3b --tokens 3 --backend cpu");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("backend: cpu"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("checksum sum="), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("time: route"), std::string::npos) << r.output;
+  // The same seed gives the same checksum.
+  CliRun again = run_cli("demo --preset qwen3-30b-a3b --tokens 3 --backend cpu");
+  const auto line = [](const std::string& s) {
+    return s.substr(s.find("checksum"), s.find('\n', s.find("checksum")) - s.find("checksum"));
+  };
+  EXPECT_EQ(line(r.output), line(again.output));
+}
+
+TEST(Cli, DemoRejectsUnknownPreset) {
+  CliRun r = run_cli("demo --preset gpt-5");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("unknown preset 'gpt-5'"), std::string::npos) << r.output;
+}
+
+}  // namespace

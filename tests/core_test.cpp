@@ -1,0 +1,93 @@
+// Core: error message form, dtype names and sizes, bf16 conversion, tensor views, device queries.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "moekit/device.h"
+#include "moekit/dtype.h"
+#include "moekit/error.h"
+#include "moekit/presets.h"
+#include "moekit/tensor.h"
+
+namespace moekit {
+namespace {
+
+TEST(Error, MessageNamesTheOp) {
+  InvalidArgument e("route", "top_k (9) must be <= num_experts (8)");
+  EXPECT_STREQ(e.what(), "moekit::route: top_k (9) must be <= num_experts (8)");
+  EXPECT_EQ(e.op(), "route");
+  const Error& base = e;
+  EXPECT_NE(dynamic_cast<const InvalidArgument*>(&base), nullptr);
+}
+
+TEST(DType, SizesAndNamesRoundTrip) {
+  for (DType t : {DType::f32, DType::bf16, DType::f16, DType::f8e4m3, DType::i32, DType::i16, DType::i8, DType::u8})
+    EXPECT_EQ(parse_dtype(dtype_name(t)), t);
+  EXPECT_EQ(dtype_size(DType::f32), 4);
+  EXPECT_EQ(dtype_size(DType::bf16), 2);
+  EXPECT_EQ(dtype_size(DType::i16), 2);
+  EXPECT_EQ(dtype_size(DType::f8e4m3), 1);
+  try {
+    parse_dtype("float64");
+    FAIL() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "moekit::dtype: unknown dtype 'float64' (expected one of: fp32, bf16, fp16, fp8_e4m3, "
+                           "int32, int16, int8, uint8)");
+  }
+}
+
+TEST(DType, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+  // 1 + 2^-8 is exactly half-way between 1 and 1 + 2^-7: ties go to the even mantissa (1.0).
+  EXPECT_EQ(float_to_bf16(1.0f + 1.0f / 256), 0x3f80);
+  // 1 + 3*2^-8 is half-way between 1+2^-7 (odd) and 1+2^-6 (even): rounds up to even.
+  EXPECT_EQ(float_to_bf16(1.0f + 3.0f / 256), 0x3f82);
+  EXPECT_EQ(bf16_to_float(0xc040), -3.0f);
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(std::nanf("")))));
+  EXPECT_TRUE(std::isinf(bf16_to_float(float_to_bf16(INFINITY))));
+}
+
+TEST(TensorView, ContiguousShapeAndStrides) {
+  float buf[24];
+  TensorView v = TensorView::contiguous(buf, DType::f32, {2, 3, 4});
+  EXPECT_EQ(v.ndim, 3);
+  EXPECT_EQ(v.numel(), 24);
+  EXPECT_EQ(v.stride(0), 12);
+  EXPECT_EQ(v.stride(1), 4);
+  EXPECT_EQ(v.stride(2), 1);
+  EXPECT_TRUE(v.is_contiguous());
+  EXPECT_TRUE(v.present());
+  EXPECT_EQ(v.describe(), "[2, 3, 4] fp32 cpu");
+  v.strides[0] = 16;
+  EXPECT_FALSE(v.is_contiguous());
+  EXPECT_FALSE(TensorView{}.present());
+  EXPECT_THROW(TensorView::contiguous(buf, DType::f32, {1, 2, 3, 4, 5}), InvalidArgument);
+  EXPECT_THROW(TensorView::contiguous(buf, DType::f32, {-1}), InvalidArgument);
+}
+
+TEST(Device, QueriesNeverThrowWithoutAGpu) {
+  int n = cuda_device_count();
+  EXPECT_GE(n, 0);
+  if (n == 0) {
+    EXPECT_FALSE(device_is_sm90(0));
+    EXPECT_THROW(device_info(0), NotSupported);
+  } else {
+    EXPECT_FALSE(device_info(0).name.empty());
+  }
+  EXPECT_EQ(device_name(Device::cuda(1)), "cuda:1");
+}
+
+TEST(Presets, EveryPresetValidates) {
+  for (const Preset& p : presets()) {
+    SCOPED_TRACE(std::string(p.name));
+    EXPECT_NO_THROW(p.routing.validate());
+    EXPECT_EQ(p.routing.num_experts, p.experts.num_experts);
+    EXPECT_EQ(p.routing.top_k, p.experts.top_k);
+    EXPECT_EQ(p.routing.num_shared_experts, p.experts.num_shared_experts);
+    EXPECT_EQ(&find_preset(p.name), &p);
+  }
+  EXPECT_THROW(find_preset("gpt-5"), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace moekit

@@ -1,0 +1,27 @@
+// Small helpers shared by the CLI's subcommands: deterministic random fills, token-list parsing, checksums.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace moekit::cli {
+
+/// Fills `n` floats with uniform values in [lo, hi) from `seed` (splitmix64); the same seed gives the same values
+/// whatever the thread count.
+void fill_uniform(float* out, int64_t n, uint64_t seed, float lo, float hi);
+
+/// Same, rounded to bf16 bits, using every hardware thread for large n.
+void fill_uniform_bf16(uint16_t* out, int64_t n, uint64_t seed, float lo, float hi);
+
+/// Parses "1,16,64" into numbers. Throws InvalidArgument (op `op`) naming a bad entry.
+std::vector<int64_t> parse_int_list(const std::string& op, const std::string& text);
+
+/// Sum and sum of absolute values (in double) of bf16 values: a checksum that is stable across runs.
+struct Checksum {
+  double sum = 0;
+  double abs_sum = 0;
+};
+Checksum checksum_bf16(const uint16_t* data, int64_t n);
+
+}  // namespace moekit::cli

@@ -1,0 +1,13 @@
+// `moekit bench route`: not available in this build yet; the command exists so that --help and scripts see it.
+#include "commands.h"
+#include "moekit/error.h"
+
+namespace moekit::cli {
+
+void add_bench_route_command(CLI::App& parent) {
+  CLI::App* cmd = parent.add_subcommand("route", "(not available yet)");
+  cmd->allow_extras();
+  cmd->callback([] { throw NotSupported("bench route", "this command is not available in this build yet"); });
+}
+
+}  // namespace moekit::cli
