@@ -1,0 +1,231 @@
+// The autotuner (DESIGN §6): picks a (GEMM1, GEMM2) tactic pair per token bucket, by timing only when asked.
+// Staged search: rank GEMM1 tactics alone (with the default GEMM2), GEMM2 tactics alone (with the default GEMM1),
+// keep the top 2 of each, then time the 2x2 pairs end to end: n1 + n2 + 4 timings instead of n1 * n2. Winners live
+// in an in-memory cache and a persisted JSON cache (atomic write under a lock file, merged with what is on disk,
+// invalidated by a metadata mismatch). Without an entry, the runner's deterministic default heuristic picks.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace moekit {
+
+class Runner;      // moekit/layer.h
+struct LayerSpec;  // moekit/layer.h
+
+// ---- token buckets ------------------------------------------------------------------------------------------------
+
+/// Largest token count the tuner buckets: 2^31 - 1.
+inline constexpr int64_t kMaxTunedTokens = (int64_t{1} << 31) - 1;
+
+/// The token bucket of `tokens`: the smallest bucket >= tokens, where the buckets are the powers of 2 up to 256
+/// (1, 2, 4, ..., 256), the multiples of 256 up to 2048 (512, 768, ..., 2048), the multiples of 512 up to 4096
+/// (2560, 3072, 3584, 4096), then the powers of 2 (8192, 16384, ...). So bucket(3) = 4, bucket(257) = 512,
+/// bucket(2049) = 2560, bucket(4097) = 8192. Throws InvalidArgument (op "tuner") unless 1 <= tokens <=
+/// kMaxTunedTokens.
+int64_t token_bucket(int64_t tokens);
+
+/// Every bucket from 1 up to and including token_bucket(max_tokens), ascending. Same errors as token_bucket().
+std::vector<int64_t> token_buckets(int64_t max_tokens);
+
+// ---- tactics
+// --------------------------------------------------------------------------------------------------------
+
+/// One runner-specific way to run a GEMM (tile shape, schedule, small-M variant, ...). Names are stable: the
+/// persisted cache stores names, never indices.
+struct Tactic {
+  std::string name;         // e.g. "tile128x128_ws"
+  std::string description;  // one line for `moekit tune --show` and logs
+};
+
+/// Indices into a runner's gemm1_tactics() and gemm2_tactics().
+struct TacticPair {
+  int gemm1 = 0;
+  int gemm2 = 0;
+  friend bool operator==(const TacticPair&, const TacticPair&) = default;
+};
+
+// ---- cache types --------------------------------------------------------------------------------------------------
+
+/// The machine a cache was measured on. A persisted cache whose metadata differs from the tuner's in any field is
+/// ignored on load and replaced on save.
+struct CacheMetadata {
+  std::string library_version;  // moekit::kVersion
+  std::string device_name;      // e.g. "NVIDIA H200"; "cpu" without a GPU
+  int sm_count = 0;             // SMs; hardware threads without a GPU
+  int cuda_version = 0;         // CUDA runtime version, e.g. 12080; 0 without CUDA
+  friend bool operator==(const CacheMetadata&, const CacheMetadata&) = default;
+
+  /// This process's library version and this machine's first CUDA device (or the CPU when there is none).
+  static CacheMetadata current();
+  /// "" when equal, else the first differing field, e.g. "device_name ('NVIDIA H100' != 'NVIDIA H200')".
+  std::string mismatch(const CacheMetadata& other) const;
+};
+
+/// What the tuner learned for one key: the winner, the staged shortlists (best first, at most 2 each) so a later
+/// run can re-time just the shortlist pairs, and the measured times.
+struct TuningEntry {
+  std::string gemm1;  // winner tactic names
+  std::string gemm2;
+  std::vector<std::string> gemm1_shortlist;
+  std::vector<std::string> gemm2_shortlist;
+  double seconds = 0;          // the winner's end-to-end time
+  double default_seconds = 0;  // the default heuristic pair's end-to-end time, for comparison
+  int64_t tokens = 0;          // token count that was timed (the bucket, capped at the runner's max_tokens)
+  friend bool operator==(const TuningEntry&, const TuningEntry&) = default;
+};
+
+/// A persisted cache file's contents.
+struct CacheFile {
+  CacheMetadata metadata;
+  std::map<std::string, TuningEntry> entries;  // by tuning_key()
+};
+
+/// The cache key of (runner, layer, tokens): a readable string of everything that changes which tactic is valid or
+/// best: runner name and version, E, local E and offset, K, S, H, I, activation, gate/up layout, expert biases,
+/// routing method and groups, weight/activation formats and block sizes, and token_bucket(tokens), e.g.
+///   "runner=reference@1 E=8 local=8@0 K=2 S=0 H=4096 I=14336 act=silu_gated gate_up=gate_first bias=0
+///    routing=softmax_topk groups=1/1 w=bf16 a=bf16 blocks=128x128/128 T=64"   (one line)
+/// Throws InvalidArgument for tokens outside [1, kMaxTunedTokens].
+std::string tuning_key(const Runner& runner, const LayerSpec& spec, int64_t tokens);
+
+// ---- tuning -------------------------------------------------------------------------------------------------------
+
+enum class TuneMode : uint8_t {
+  skip_cached,       // keys with a valid entry are not timed again (the default)
+  retime_shortlist,  // keys with a valid entry re-time only their stored shortlist pairs (at most 4 timings)
+  full,              // every key gets the full staged search
+};
+
+enum class ProgressStyle : uint8_t {
+  none,    // silent
+  detect,  // a bar when the stream is a terminal (isatty), plain lines otherwise
+  bar,     // one line redrawn in place: a bar, configurations done/total, elapsed and ETA
+  lines,   // one plain line per tuned bucket
+};
+
+struct TuneOptions {
+  TuneMode mode = TuneMode::skip_cached;
+  ProgressStyle progress = ProgressStyle::none;
+  std::FILE* progress_stream = nullptr;  // nullptr = stderr
+};
+
+/// The outcome for one requested token count.
+struct TuneResult {
+  int64_t tokens = 0;  // as requested
+  int64_t bucket = 0;  // token_bucket(tokens)
+  std::string key;
+  TacticPair best;
+  TuningEntry entry;
+  int timed_configs = 0;    // end-to-end timings this call made for this bucket
+  bool from_cache = false;  // skip_cached found a valid entry and timed nothing
+};
+
+/// The tactic pair forward() runs and where it came from.
+struct TacticChoice {
+  TacticPair tactics;
+  bool tuned = false;  // a valid cache entry (else the runner's default heuristic)
+};
+
+/// The tuner and its cache. Thread-safe: every member locks an internal mutex (timing runs outside it, so two
+/// threads tuning the same key may both time it; the later result wins).
+class Autotuner {
+ public:
+  /// A tuner whose cache belongs to the machine described by `metadata`.
+  explicit Autotuner(CacheMetadata metadata = CacheMetadata::current());
+
+  /// The process-wide tuner MoELayer uses unless given another. Created on first use.
+  static Autotuner& global();
+
+  const CacheMetadata& metadata() const { return metadata_; }
+
+  /// The pair to run for `tokens` on this layer: the cached winner of its bucket when the entry's tactic names all
+  /// exist in the runner's lists, else runner.default_tactics(tokens). Never times, never allocates device memory.
+  /// Preconditions: the runner passed check_support(spec). Throws InvalidArgument for tokens out of range.
+  TacticChoice choose(const Runner& runner, const LayerSpec& spec, int64_t tokens) const;
+
+  /// Tunes the buckets of `tokens` (duplicates of a bucket are tuned once) with the staged search and stores the
+  /// winners in memory (persist them with save()). Calling this is the explicit request to tune. For each bucket it
+  /// times at min(bucket, runner.max_tokens()) tokens through runner.time_tactics(). With n1 GEMM1 and n2 GEMM2
+  /// tactics it makes n1 + n2 + 4 timings when n1, n2 >= 2; a stage with a single tactic has nothing to rank and
+  /// is skipped, and the final pairs are min(2, n1) * min(2, n2). Throws InvalidArgument when something must be timed
+  /// and the runner is not built, or for token counts out of range, and what the runner throws.
+  std::vector<TuneResult> tune(Runner& runner, const LayerSpec& spec, std::span<const int64_t> tokens,
+                               const TuneOptions& options = {});
+
+  /// The in-memory entry of `key`, if any.
+  std::optional<TuningEntry> find(const std::string& key) const;
+  /// Stores an entry (replacing any), marks it as learned in this process, so save() prefers it over the disk's.
+  void insert(const std::string& key, const TuningEntry& entry);
+  /// A copy of every in-memory entry.
+  std::map<std::string, TuningEntry> entries() const;
+  size_t size() const;
+  void clear();
+  /// Increases whenever the in-memory cache changes; lets layers drop memoized choices cheaply.
+  uint64_t generation() const;
+
+  struct LoadReport {
+    size_t loaded = 0;     // entries taken into memory
+    size_t ignored = 0;    // entries skipped because of a metadata mismatch
+    std::string mismatch;  // CacheMetadata::mismatch(), "" when the metadata matched
+    bool file_exists = false;
+  };
+  /// Merges the entries of the cache file at `path` into memory (entries learned in this process win). A missing
+  /// file loads nothing. Throws InvalidArgument naming the path and the problem when the file cannot be read, is not
+  /// JSON, or does not have the cache's structure.
+  LoadReport load(const std::filesystem::path& path);
+
+  struct SaveReport {
+    size_t written = 0;         // entries in the file afterwards
+    size_t kept_from_disk = 0;  // entries the file had that this process did not learn
+    size_t dropped = 0;         // disk entries dropped because the file's metadata did not match
+  };
+  /// Writes the cache to `path`: under an exclusive flock on "<path>.lock", reads the file again, merges (entries
+  /// learned in this process win, other valid disk entries are kept and also loaded into memory), writes a temporary
+  /// file in the same folder and renames it over `path`. Creates missing parent folders. A file that exists but is
+  /// not a valid cache is never overwritten: InvalidArgument naming the path and the problem. Safe when several
+  /// processes save to the same path at once.
+  SaveReport save(const std::filesystem::path& path);
+
+  /// Parses and checks a cache file without touching any tuner (used by `moekit tune --show`). Throws
+  /// InvalidArgument as load() does, and when the file does not exist.
+  static CacheFile read_file(const std::filesystem::path& path);
+
+ private:
+  struct Slot {
+    TuningEntry entry;
+    bool learned = false;  // tuned or inserted in this process (wins over disk at save time)
+  };
+  CacheMetadata metadata_;
+  mutable std::mutex mutex_;
+  std::map<std::string, Slot> cache_;
+  uint64_t generation_ = 0;
+};
+
+/// Enables tuning in MoELayer::forward() on this thread for its lifetime: a forward() whose token bucket has no
+/// valid cache entry first tunes that bucket (with `options`) on the layer's tuner. Scopes nest; the innermost one
+/// applies. Outside every scope forward() never times anything.
+class TuningScope {
+ public:
+  explicit TuningScope(const TuneOptions& options = {});
+  ~TuningScope();
+  TuningScope(const TuningScope&) = delete;
+  TuningScope& operator=(const TuningScope&) = delete;
+
+  /// The options of the innermost active scope on this thread, or nullptr when none is active.
+  static const TuneOptions* active();
+
+ private:
+  TuneOptions options_;
+  const TuneOptions* previous_;
+};
+
+}  // namespace moekit

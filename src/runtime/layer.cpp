@@ -1,0 +1,114 @@
+// MoELayer: validates its configs, weights and options, selects and builds a runner, and runs the tactic pair the
+// tuner chose for each token bucket. Choices are memoized per bucket and dropped whenever the tuner's cache changes
+// (its generation counter), so a steady-state forward() does one validation, one array lookup and the runner call.
+#include "moekit/layer.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "moekit/error.h"
+
+namespace moekit {
+
+struct MoELayer::State {
+  LayerSpec spec;
+  std::unique_ptr<Runner> runner;
+  std::vector<BackendVerdict> verdicts;
+  int64_t max_tokens = 0;
+  Autotuner* tuner = nullptr;
+  std::vector<int64_t> buckets;                   // every bucket up to token_bucket(max_tokens)
+  std::vector<std::optional<TacticChoice>> memo;  // per bucket
+  uint64_t memo_generation = 0;
+
+  void drop_memo_if_stale() {
+    const uint64_t g = tuner->generation();
+    if (g == memo_generation) return;
+    std::fill(memo.begin(), memo.end(), std::nullopt);
+    memo_generation = g;
+  }
+
+  TacticPair pick(int64_t tokens) {
+    drop_memo_if_stale();
+    const size_t i =
+        static_cast<size_t>(std::lower_bound(buckets.begin(), buckets.end(), token_bucket(tokens)) - buckets.begin());
+    const TuneOptions* scope = TuningScope::active();
+    // A memoized default is only final outside a tuning scope: inside one, the bucket gets tuned first.
+    if (memo[i] && (memo[i]->tuned || !scope)) return memo[i]->tactics;
+    TacticChoice c = tuner->choose(*runner, spec, tokens);
+    if (!c.tuned && scope) {
+      const int64_t request[] = {tokens};
+      tuner->tune(*runner, spec, request, *scope);
+      c = tuner->choose(*runner, spec, tokens);
+      drop_memo_if_stale();
+    }
+    memo[i] = c;
+    return c.tactics;
+  }
+};
+
+MoELayer::MoELayer(const ExpertConfig& experts, const RoutingConfig& routing, const QuantConfig& quant,
+                   const LayerWeights& weights, const LayerOptions& options)
+    : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.spec = LayerSpec{experts, routing, quant, weights.experts.b13.present() || weights.experts.b2.present(),
+                     weights.routing_bias.present()};
+  s.spec.validate();
+  if (options.max_tokens < 1 || options.max_tokens > kMaxTunedTokens)
+    throw InvalidArgument("layer",
+                          fmt::format("max_tokens ({}) must be in [1, {}]", options.max_tokens, kMaxTunedTokens));
+  // The layer runs where its weights live. bf16 weights are checked here, before any backend filtering, so a
+  // broken tensor is reported as such rather than as "no backend supports this layer".
+  const Device device = weights.experts.w13.device;
+  if (quant.weight_format == WeightFormat::bf16) validate_expert_weights(experts, weights.experts, device);
+  RunnerSelection selection = select_runner(s.spec, device, options.backends);
+  s.runner = std::move(selection.runner);
+  s.verdicts = std::move(selection.verdicts);
+  s.runner->build(weights, options.max_tokens);
+  s.max_tokens = options.max_tokens;
+  s.tuner = options.tuner ? options.tuner : &Autotuner::global();
+  s.buckets = token_buckets(options.max_tokens);
+  s.memo.assign(s.buckets.size(), std::nullopt);
+  s.memo_generation = s.tuner->generation();
+}
+
+MoELayer::~MoELayer() = default;
+MoELayer::MoELayer(MoELayer&&) noexcept = default;
+MoELayer& MoELayer::operator=(MoELayer&&) noexcept = default;
+
+void MoELayer::forward(const TensorView& hidden, const TensorView& logits, const TensorView& out, Stream stream,
+                       const TensorView& replay) {
+  State& s = *state_;
+  const LayerInputs in{hidden, logits, out, replay};
+  validate_layer_inputs(s.spec, in, s.max_tokens, s.runner->device());
+  const int64_t tokens = hidden.shape[0];
+  if (tokens == 0) return;
+  s.runner->execute(in, s.pick(tokens), stream);
+}
+
+std::vector<TuneResult> MoELayer::tune(std::span<const int64_t> tokens, const TuneOptions& options) {
+  return state_->tuner->tune(*state_->runner, state_->spec, tokens, options);
+}
+
+TacticChoice MoELayer::choice(int64_t tokens) const {
+  return state_->tuner->choose(*state_->runner, state_->spec, tokens);
+}
+
+const LayerSpec& MoELayer::spec() const {
+  return state_->spec;
+}
+Runner& MoELayer::runner() {
+  return *state_->runner;
+}
+std::string_view MoELayer::backend() const {
+  return state_->runner->name();
+}
+const std::vector<BackendVerdict>& MoELayer::verdicts() const {
+  return state_->verdicts;
+}
+int64_t MoELayer::max_tokens() const {
+  return state_->max_tokens;
+}
+
+}  // namespace moekit

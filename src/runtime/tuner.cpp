@@ -1,0 +1,283 @@
+// The autotuner's search and in-memory cache. Staged search per token bucket: time every GEMM1 tactic with the
+// default GEMM2, every GEMM2 tactic with the default GEMM1, keep the 2 fastest of each, time the (at most) 4 pairs
+// end to end and keep the fastest (ties: the earlier pair, so results are deterministic for equal costs). A stage
+// with a single tactic has nothing to rank and is skipped. Persistence lives in tuning_cache.cpp.
+#include "moekit/tuner.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+#include <thread>
+
+#include "moekit/device.h"
+#include "moekit/error.h"
+#include "moekit/layer.h"
+#include "moekit/version.h"
+#include "runtime/progress.h"
+
+namespace moekit {
+namespace {
+
+std::optional<int> find_tactic(std::span<const Tactic> tactics, const std::string& name) {
+  for (size_t i = 0; i < tactics.size(); ++i)
+    if (tactics[i].name == name) return static_cast<int>(i);
+  return std::nullopt;
+}
+
+// Indices of names that all exist, or nullopt when any is missing (or the list is empty).
+std::optional<std::vector<int>> find_tactics(std::span<const Tactic> tactics, const std::vector<std::string>& names) {
+  std::vector<int> ids;
+  for (const std::string& n : names) {
+    std::optional<int> id = find_tactic(tactics, n);
+    if (!id) return std::nullopt;
+    ids.push_back(*id);
+  }
+  if (ids.empty()) return std::nullopt;
+  return ids;
+}
+
+// The (at most) two fastest indices, fastest first; equal times keep the lower index.
+std::vector<int> fastest_two(const std::vector<double>& times) {
+  std::vector<int> order(times.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return times[a] < times[b]; });
+  order.resize(std::min<size_t>(order.size(), 2));
+  return order;
+}
+
+std::vector<std::string> names_of(std::span<const Tactic> tactics, const std::vector<int>& ids) {
+  std::vector<std::string> names;
+  for (int id : ids) names.push_back(tactics[id].name);
+  return names;
+}
+
+// A cached entry usable with this runner: its winner and shortlists name tactics the runner still has.
+struct Resolved {
+  TacticPair best;
+  std::vector<int> shortlist1, shortlist2;
+};
+
+std::optional<Resolved> resolve(const Runner& runner, const TuningEntry& e) {
+  std::optional<int> g1 = find_tactic(runner.gemm1_tactics(), e.gemm1);
+  std::optional<int> g2 = find_tactic(runner.gemm2_tactics(), e.gemm2);
+  std::optional<std::vector<int>> s1 = find_tactics(runner.gemm1_tactics(), e.gemm1_shortlist);
+  std::optional<std::vector<int>> s2 = find_tactics(runner.gemm2_tactics(), e.gemm2_shortlist);
+  if (!g1 || !g2 || !s1 || !s2) return std::nullopt;
+  return Resolved{{*g1, *g2}, *s1, *s2};
+}
+
+int staged_timings(int n1, int n2) {
+  return (n1 > 1 ? n1 : 0) + (n2 > 1 ? n2 : 0) + std::min(n1, 2) * std::min(n2, 2);
+}
+
+thread_local const TuneOptions* g_active_scope = nullptr;
+
+}  // namespace
+
+CacheMetadata CacheMetadata::current() {
+  CacheMetadata m;
+  m.library_version = std::string(kVersion);
+  if (cuda_device_count() > 0) {
+    const DeviceInfo d = device_info(0);
+    m.device_name = d.name;
+    m.sm_count = d.sm_count;
+    m.cuda_version = d.cuda_runtime_version;
+  } else {
+    m.device_name = "cpu";
+    m.sm_count = static_cast<int>(std::thread::hardware_concurrency());
+    m.cuda_version = 0;
+  }
+  return m;
+}
+
+std::string CacheMetadata::mismatch(const CacheMetadata& other) const {
+  if (library_version != other.library_version)
+    return fmt::format("library_version ('{}' vs '{}')", library_version, other.library_version);
+  if (device_name != other.device_name)
+    return fmt::format("device_name ('{}' vs '{}')", device_name, other.device_name);
+  if (sm_count != other.sm_count) return fmt::format("sm_count ({} vs {})", sm_count, other.sm_count);
+  if (cuda_version != other.cuda_version)
+    return fmt::format("cuda_version ({} vs {})", cuda_version, other.cuda_version);
+  return {};
+}
+
+Autotuner::Autotuner(CacheMetadata metadata) : metadata_(std::move(metadata)) {}
+
+Autotuner& Autotuner::global() {
+  static Autotuner tuner;
+  return tuner;
+}
+
+TacticChoice Autotuner::choose(const Runner& runner, const LayerSpec& spec, int64_t tokens) const {
+  const std::string key = tuning_key(runner, spec, tokens);
+  {
+    std::lock_guard lock(mutex_);
+    auto it = cache_.find(key);
+    if (it != cache_.end())
+      if (std::optional<Resolved> r = resolve(runner, it->second.entry)) return {r->best, true};
+  }
+  return {runner.default_tactics(token_bucket(tokens)), false};
+}
+
+std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, std::span<const int64_t> tokens,
+                                        const TuneOptions& options) {
+  const std::span<const Tactic> tactics1 = runner.gemm1_tactics(), tactics2 = runner.gemm2_tactics();
+  const int n1 = static_cast<int>(tactics1.size()), n2 = static_cast<int>(tactics2.size());
+
+  // Plan: one job per distinct bucket, in request order, with what the cache already knows.
+  struct Job {
+    TuneResult result;
+    std::optional<Resolved> cached;
+    int planned = 0;
+  };
+  std::vector<Job> jobs;
+  int64_t total = 0;
+  for (int64_t t : tokens) {
+    const int64_t bucket = token_bucket(t);
+    if (std::any_of(jobs.begin(), jobs.end(), [&](const Job& j) { return j.result.bucket == bucket; })) continue;
+    Job job;
+    job.result.tokens = t;
+    job.result.bucket = bucket;
+    job.result.key = tuning_key(runner, spec, t);
+    if (options.mode != TuneMode::full)
+      if (std::optional<TuningEntry> e = find(job.result.key)) {
+        job.cached = resolve(runner, *e);
+        if (job.cached) job.result.entry = *e;
+      }
+    if (!job.cached)
+      job.planned = staged_timings(n1, n2);
+    else if (options.mode == TuneMode::retime_shortlist)
+      job.planned = static_cast<int>(job.cached->shortlist1.size() * job.cached->shortlist2.size());
+    total += job.planned;
+    jobs.push_back(std::move(job));
+  }
+
+  // Only timing needs a built runner: a request the cache answers entirely works on a checked one.
+  if (total > 0 && !runner.built())
+    throw InvalidArgument("tuner", fmt::format("runner '{}': tune() called before build()", runner.name()));
+  detail::TuneProgress progress(options.progress, options.progress_stream, fmt::format("tune {}", runner.name()),
+                                total);
+  std::vector<TuneResult> results;
+  for (Job& job : jobs) {
+    TuneResult& r = job.result;
+    const int64_t at = std::min(r.bucket, runner.max_tokens());
+    auto time = [&](TacticPair p) {
+      const double s = runner.time_tactics(p, at);
+      ++r.timed_configs;
+      progress.timed(r.bucket);
+      return s;
+    };
+    // Times every pair of the shortlists and keeps the fastest (the first on ties).
+    auto final_stage = [&](const std::vector<int>& s1, const std::vector<int>& s2, TacticPair def,
+                           std::optional<double>& default_seconds) {
+      double best = 0;
+      bool first = true;
+      for (int a : s1)
+        for (int b : s2) {
+          const double s = time({a, b});
+          if (TacticPair{a, b} == def && !default_seconds) default_seconds = s;
+          if (first || s < best) {
+            best = s;
+            r.best = {a, b};
+            first = false;
+          }
+        }
+      return best;
+    };
+
+    if (job.cached && options.mode == TuneMode::skip_cached) {
+      r.best = job.cached->best;
+      r.from_cache = true;
+    } else if (job.cached) {  // retime_shortlist: the stored shortlist, rebuilt from names
+      TuningEntry& e = r.entry;
+      std::optional<double> default_seconds;
+      const TacticPair def = runner.default_tactics(r.bucket);
+      e.seconds = final_stage(job.cached->shortlist1, job.cached->shortlist2, def, default_seconds);
+      if (default_seconds) e.default_seconds = *default_seconds;
+      e.gemm1 = tactics1[r.best.gemm1].name;
+      e.gemm2 = tactics2[r.best.gemm2].name;
+      e.tokens = at;
+      insert(r.key, e);
+    } else {
+      const TacticPair def = runner.default_tactics(r.bucket);
+      std::optional<double> default_seconds;
+      std::vector<double> t1(n1, 0.0), t2(n2, 0.0);
+      if (n1 > 1)
+        for (int i = 0; i < n1; ++i) {
+          t1[i] = time({i, def.gemm2});
+          if (i == def.gemm1) default_seconds = t1[i];
+        }
+      if (n2 > 1)
+        for (int j = 0; j < n2; ++j) {
+          t2[j] = time({def.gemm1, j});
+          if (j == def.gemm2 && !default_seconds) default_seconds = t2[j];
+        }
+      const std::vector<int> s1 = fastest_two(t1), s2 = fastest_two(t2);
+      TuningEntry& e = r.entry;
+      e = TuningEntry{};
+      e.seconds = final_stage(s1, s2, def, default_seconds);
+      e.default_seconds = default_seconds.value_or(0.0);
+      e.gemm1 = tactics1[r.best.gemm1].name;
+      e.gemm2 = tactics2[r.best.gemm2].name;
+      e.gemm1_shortlist = names_of(tactics1, s1);
+      e.gemm2_shortlist = names_of(tactics2, s2);
+      e.tokens = at;
+      insert(r.key, e);
+    }
+    progress.bucket_done(r, tactics1[r.best.gemm1].name, tactics2[r.best.gemm2].name);
+    results.push_back(r);
+  }
+  progress.finish();
+  return results;
+}
+
+std::optional<TuningEntry> Autotuner::find(const std::string& key) const {
+  std::lock_guard lock(mutex_);
+  auto it = cache_.find(key);
+  if (it == cache_.end()) return std::nullopt;
+  return it->second.entry;
+}
+
+void Autotuner::insert(const std::string& key, const TuningEntry& entry) {
+  std::lock_guard lock(mutex_);
+  cache_[key] = Slot{entry, true};
+  ++generation_;
+}
+
+std::map<std::string, TuningEntry> Autotuner::entries() const {
+  std::lock_guard lock(mutex_);
+  std::map<std::string, TuningEntry> out;
+  for (const auto& [k, slot] : cache_) out.emplace(k, slot.entry);
+  return out;
+}
+
+size_t Autotuner::size() const {
+  std::lock_guard lock(mutex_);
+  return cache_.size();
+}
+
+void Autotuner::clear() {
+  std::lock_guard lock(mutex_);
+  cache_.clear();
+  ++generation_;
+}
+
+uint64_t Autotuner::generation() const {
+  std::lock_guard lock(mutex_);
+  return generation_;
+}
+
+TuningScope::TuningScope(const TuneOptions& options) : options_(options), previous_(g_active_scope) {
+  g_active_scope = &options_;
+}
+
+TuningScope::~TuningScope() {
+  g_active_scope = previous_;
+}
+
+const TuneOptions* TuningScope::active() {
+  return g_active_scope;
+}
+
+}  // namespace moekit

@@ -1,0 +1,87 @@
+// A runner for CPU tests of the lifecycle, the registry, MoELayer and the autotuner: its tactics have costs the
+// test chooses (a function of the pair), it records every pair it timed or executed, and its execute() writes
+// the tactic indices into `out` so a test can see which pair a layer ran. No real compute.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "moekit/layer.h"
+
+namespace moekit::testing {
+
+struct FakeRunnerConfig {
+  std::string name = "fake";
+  std::string version = "1";
+  int n1 = 3;  // GEMM1 tactics g1_0, g1_1, ...
+  int n2 = 3;  // GEMM2 tactics g2_0, ...
+  TacticPair default_pair{0, 0};
+  std::function<double(TacticPair)> cost = [](TacticPair p) { return 1.0 + p.gemm1 + p.gemm2; };
+  std::string decline;  // non-empty: check_support() says no with this reason
+};
+
+class FakeRunner final : public Runner {
+ public:
+  explicit FakeRunner(FakeRunnerConfig cfg = {}) : cfg_(std::move(cfg)) {
+    for (int i = 0; i < cfg_.n1; ++i) t1_.push_back({"g1_" + std::to_string(i), "fake GEMM1 tactic"});
+    for (int j = 0; j < cfg_.n2; ++j) t2_.push_back({"g2_" + std::to_string(j), "fake GEMM2 tactic"});
+  }
+
+  std::string_view name() const override { return cfg_.name; }
+  std::string_view version() const override { return cfg_.version; }
+  std::span<const Tactic> gemm1_tactics() const override { return t1_; }
+  std::span<const Tactic> gemm2_tactics() const override { return t2_; }
+
+  std::vector<TacticPair> timed;  // every time_tactics() call, in order
+  std::vector<int64_t> timed_tokens;
+  std::vector<TacticPair> executed;  // every execute() call
+  int builds = 0;                    // do_build() calls
+
+ protected:
+  Support do_check_support(const LayerSpec&, Device) override {
+    return cfg_.decline.empty() ? Support::yes() : Support::no(cfg_.decline);
+  }
+  void do_build(const LayerWeights&, int64_t) override { ++builds; }
+  LayerWeights make_synthetic_weights(uint64_t) override {
+    const ExpertConfig& e = spec().experts;
+    const int64_t ew = e.weight_experts(), h = e.hidden, i = e.intermediate;
+    w13_.assign(static_cast<size_t>(ew * 2 * i * h), 0);
+    w2_.assign(static_cast<size_t>(ew * h * i), 0);
+    LayerWeights w;
+    w.experts.w13 = TensorView::contiguous(w13_.data(), DType::bf16, {ew, 2 * i, h});
+    w.experts.w2 = TensorView::contiguous(w2_.data(), DType::bf16, {ew, h, i});
+    return w;
+  }
+  void do_execute(const LayerInputs& in, const TacticPair& t, Stream) override {
+    executed.push_back(t);
+    auto* out = in.out.as<uint16_t>();
+    out[0] = static_cast<uint16_t>(t.gemm1);
+    out[1] = static_cast<uint16_t>(t.gemm2);
+  }
+  double do_time_tactics(const TacticPair& t, int64_t tokens) override {
+    timed.push_back(t);
+    timed_tokens.push_back(tokens);
+    return cfg_.cost(t);
+  }
+  TacticPair do_default_tactics(int64_t) const override { return cfg_.default_pair; }
+
+ private:
+  FakeRunnerConfig cfg_;
+  std::vector<Tactic> t1_, t2_;
+  std::vector<uint16_t> w13_, w2_;
+};
+
+/// A small valid layer: E=8, K=2, H=16, I=8, softmax_topk, bf16.
+inline LayerSpec small_spec() {
+  LayerSpec s;
+  s.experts.num_experts = 8;
+  s.experts.top_k = 2;
+  s.experts.hidden = 16;
+  s.experts.intermediate = 8;
+  s.routing.num_experts = 8;
+  s.routing.top_k = 2;
+  return s;
+}
+
+}  // namespace moekit::testing

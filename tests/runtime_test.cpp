@@ -1,0 +1,592 @@
+// Runtime: the runner lifecycle and its error messages, the registry and backend selection, config validation in
+// MoELayer, tactic choice and tuning scopes in forward(), and MoELayer on the reference runner against a direct
+// computation of the layer written out in this file.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+
+#include "fake_runner.h"
+#include "moekit/device.h"
+#include "moekit/error.h"
+#include "moekit/layer.h"
+
+namespace moekit {
+namespace {
+
+using testing::FakeRunner;
+using testing::FakeRunnerConfig;
+using testing::small_spec;
+
+template <class E, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("wrong exception type: ") + e.what();
+  }
+  return "no exception";
+}
+
+// Host bf16 weights for a spec, all zero (shapes are what matter to the lifecycle).
+struct HostWeights {
+  std::vector<uint16_t> w13, w2;
+  LayerWeights views;
+  explicit HostWeights(const LayerSpec& s) {
+    const int64_t e = s.experts.weight_experts(), h = s.experts.hidden, i = s.experts.intermediate;
+    w13.assign(static_cast<size_t>(e * 2 * i * h), 0);
+    w2.assign(static_cast<size_t>(e * h * i), 0);
+    views.experts.w13 = TensorView::contiguous(w13.data(), DType::bf16, {e, 2 * i, h});
+    views.experts.w2 = TensorView::contiguous(w2.data(), DType::bf16, {e, h, i});
+  }
+};
+
+// Inputs of T tokens for small_spec() (contents irrelevant to the fake runner).
+struct HostInputs {
+  std::vector<uint16_t> hidden, out;
+  std::vector<float> logits;
+  LayerInputs views;
+  HostInputs(const LayerSpec& s, int64_t t) {
+    const int64_t h = s.experts.hidden, e = s.routing.num_experts;
+    hidden.assign(static_cast<size_t>(t * h), 0);
+    out.assign(static_cast<size_t>(std::max<int64_t>(t, 1) * h), 0);
+    logits.assign(static_cast<size_t>(t * e), 0.0f);
+    views.hidden = TensorView::contiguous(hidden.data(), DType::bf16, {t, h});
+    views.out = TensorView::contiguous(out.data(), DType::bf16, {t, h});
+    views.logits = TensorView::contiguous(logits.data(), DType::f32, {t, e});
+  }
+};
+
+// ---- lifecycle
+// ------------------------------------------------------------------------------------------------------
+
+TEST(Lifecycle, OutOfOrderStepsNameTheRunnerAndTheMissingStep) {
+  const LayerSpec spec = small_spec();
+  HostWeights w(spec);
+  HostInputs in(spec, 2);
+  FakeRunner r;
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.execute(in.views, {}); }),
+            "moekit::layer: runner 'fake': execute() called before check_support()");
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.build(w.views, 8); }),
+            "moekit::layer: runner 'fake': build() called before check_support()");
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.default_tactics(8); }),
+            "moekit::layer: runner 'fake': default_tactics() called before check_support()");
+  ASSERT_TRUE(r.check_support(spec, Device::cpu()).ok);
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.execute(in.views, {}); }),
+            "moekit::layer: runner 'fake': execute() called before build()");
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.time_tactics({}, 1); }),
+            "moekit::layer: runner 'fake': time_tactics() called before build()");
+  r.build(w.views, 8);
+  r.execute(in.views, {1, 2});
+  ASSERT_EQ(r.executed.size(), 1u);
+  EXPECT_EQ(r.executed[0], (TacticPair{1, 2}));
+  // A new check undoes the build.
+  ASSERT_TRUE(r.check_support(spec, Device::cpu()).ok);
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.execute(in.views, {}); }),
+            "moekit::layer: runner 'fake': execute() called before build()");
+}
+
+TEST(Lifecycle, BuildAfterAFailedCheckIsNotSupported) {
+  FakeRunner r({.decline = "needs a GPU"});
+  Support s = r.check_support(small_spec(), Device::cpu());
+  EXPECT_FALSE(s.ok);
+  EXPECT_EQ(s.reason, "needs a GPU");
+  HostWeights w(small_spec());
+  EXPECT_EQ(error_of<NotSupported>([&] { r.build(w.views, 8); }),
+            "moekit::layer: runner 'fake': build() called after check_support() failed (needs a GPU)");
+  EXPECT_EQ(error_of<NotSupported>([&] { r.build_synthetic(8); }),
+            "moekit::layer: runner 'fake': build_synthetic() called after check_support() failed (needs a GPU)");
+}
+
+TEST(Lifecycle, ReferenceRunnerNamesItself) {
+  std::unique_ptr<Runner> r = make_runner("reference");
+  ASSERT_TRUE(r->check_support(small_spec(), Device::cpu()).ok);
+  HostInputs in(small_spec(), 2);
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r->execute(in.views, {}); }),
+            "moekit::layer: runner 'reference': execute() called before build()");
+  EXPECT_EQ(r->gemm1_tactics().size(), 1u);
+  EXPECT_EQ(r->gemm2_tactics().size(), 1u);
+  EXPECT_EQ(r->check_support(small_spec(), Device::cuda(0)).reason, "runs on the CPU only (device cuda:0)");
+}
+
+TEST(Lifecycle, BuildIsIdempotent) {
+  const LayerSpec spec = small_spec();
+  HostWeights w(spec);
+  FakeRunner r;
+  ASSERT_TRUE(r.check_support(spec, Device::cpu()).ok);
+  r.build(w.views, 8);
+  r.build(w.views, 8);
+  EXPECT_EQ(r.builds, 1);
+  r.build(w.views, 16);  // a larger workspace is a real rebuild
+  EXPECT_EQ(r.builds, 2);
+  EXPECT_EQ(r.max_tokens(), 16);
+}
+
+TEST(Lifecycle, ChecksArgumentsOfEveryStep) {
+  const LayerSpec spec = small_spec();
+  HostWeights w(spec);
+  FakeRunner r;
+  LayerSpec bad = spec;
+  bad.experts.top_k = bad.routing.top_k = 9;
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.check_support(bad, Device::cpu()); }),
+            "moekit::experts: top_k (9) must be <= num_experts (8)");
+  ASSERT_TRUE(r.check_support(spec, Device::cpu()).ok);
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.build(w.views, 0); }), "moekit::layer: max_tokens (0) must be >= 1");
+  std::vector<float> b13(static_cast<size_t>(8 * 16), 0.0f);
+  LayerWeights with_bias = w.views;
+  with_bias.experts.b13 = TensorView::contiguous(b13.data(), DType::f32, {8, 16});
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.build(with_bias, 8); }),
+            "moekit::layer: expert biases present in the weights (true) must match spec.expert_biases (false)");
+  r.build(w.views, 4);
+  HostInputs in(spec, 2);
+  EXPECT_EQ(error_of<InvalidArgument>([&] {
+              r.execute(in.views, {3, 0});
+            }),
+            "moekit::layer: runner 'fake': tactics.gemm1 (3) must be in [0, 3)");
+  EXPECT_EQ(error_of<InvalidArgument>([&] {
+              r.execute(in.views, {0, -1});
+            }),
+            "moekit::layer: runner 'fake': tactics.gemm2 (-1) must be in [0, 3)");
+  HostInputs five(spec, 5);
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.execute(five.views, {}); }),
+            "moekit::layer: tokens (5) must be <= max_tokens (4)");
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.time_tactics({}, 5); }),
+            "moekit::layer: runner 'fake': tokens (5) must be in [1, max_tokens (4)]");
+  HostInputs none(spec, 0);
+  r.execute(none.views, {});  // T = 0 does nothing
+  EXPECT_TRUE(r.executed.empty());
+}
+
+// ---- registry and selection
+// ----------------------------------------------------------------------------------------
+
+TEST(Registry, ReferenceIsAlwaysThereAndLast) {
+  std::vector<std::string> names = registered_runners();
+  ASSERT_FALSE(names.empty());
+  EXPECT_EQ(names.back(), "reference");
+  register_cuda_runners();
+  register_cuda_runners();  // twice is harmless
+  names = registered_runners();
+  EXPECT_EQ(std::count(names.begin(), names.end(), "cuda_bf16"), 1);
+  EXPECT_EQ(names.back(), "reference");
+  // Preference order; a low preference still comes before the reference.
+  register_runner({"fake_low", -5, [] {
+                     return std::make_unique<FakeRunner>(
+                         FakeRunnerConfig{.name = "fake_low", .decline = "declines in tests"});
+                   }});
+  register_runner({"fake_high", 50, [] {
+                     return std::make_unique<FakeRunner>(
+                         FakeRunnerConfig{.name = "fake_high", .decline = "declines in tests"});
+                   }});
+  names = registered_runners();
+  auto pos = [&](const char* n) { return std::find(names.begin(), names.end(), n) - names.begin(); };
+  EXPECT_LT(pos("cuda_bf16"), pos("fake_high"));
+  EXPECT_LT(pos("fake_high"), pos("fake_low"));
+  EXPECT_LT(pos("fake_low"), pos("reference"));
+}
+
+TEST(Registry, RejectsBadRegistrationsAndUnknownNames) {
+  auto factory = [] { return std::make_unique<FakeRunner>(); };
+  EXPECT_EQ(error_of<InvalidArgument>([&] {
+              register_runner({"auto", 0, factory});
+            }),
+            "moekit::layer: runner name ('auto') is reserved");
+  EXPECT_EQ(error_of<InvalidArgument>([&] {
+              register_runner({"reference", 0, factory});
+            }),
+            "moekit::layer: runner name ('reference') is reserved");
+  EXPECT_EQ(error_of<InvalidArgument>([&] {
+              register_runner({"", 0, factory});
+            }),
+            "moekit::layer: runner name must not be empty");
+  EXPECT_EQ(error_of<InvalidArgument>([&] {
+              register_runner({"x", 0, nullptr});
+            }),
+            "moekit::layer: runner 'x' factory must not be empty");
+  std::string names;
+  for (const std::string& n : registered_runners()) names += (names.empty() ? "" : ", ") + n;
+  EXPECT_EQ(error_of<InvalidArgument>([&] { make_runner("nope"); }),
+            "moekit::layer: backend 'nope' must be 'auto' or a registered runner (" + names + ")");
+  // A factory that makes a runner of another name is a bug in the registration.
+  register_runner({"misnamed", 0, factory});
+  EXPECT_EQ(error_of<Internal>([&] { make_runner("misnamed"); }),
+            "moekit::layer: the factory of runner 'misnamed' made runner 'fake'");
+  EXPECT_TRUE(unregister_runner("misnamed"));
+  EXPECT_FALSE(unregister_runner("misnamed"));
+  EXPECT_EQ(error_of<InvalidArgument>([&] { unregister_runner("reference"); }),
+            "moekit::layer: runner 'reference' cannot be unregistered");
+}
+
+TEST(Registry, CudaRunnerSaysWhyItCannotRun) {
+  register_cuda_runners();
+  std::unique_ptr<Runner> r = make_runner("cuda_bf16");
+  for (Device d : {Device::cpu(), Device::cuda(0)}) {
+    Support s = r->check_support(small_spec(), d);
+    EXPECT_FALSE(s.ok);
+    if (!built_with_cuda())
+      EXPECT_EQ(s.reason, "moekit was built without CUDA");
+    else
+      EXPECT_FALSE(s.reason.empty());
+  }
+}
+
+TEST(Selection, NoBackendFitsListsEveryReason) {
+  register_cuda_runners();
+  LayerSpec spec = small_spec();
+  spec.quant.weight_format = WeightFormat::fp8_e4m3_block;
+  const std::vector<std::string> backends{"cuda_bf16", "reference"};
+  const std::string msg = error_of<NotSupported>([&] { select_runner(spec, Device::cpu(), backends); });
+  if (!built_with_cuda())
+    EXPECT_EQ(msg,
+              "moekit::layer: no backend supports this layer on cpu: cuda_bf16: moekit was built without "
+              "CUDA; reference: weight_format (fp8_e4m3_block) is not supported (bf16 only)");
+  else
+    EXPECT_NE(msg.find("; reference: weight_format (fp8_e4m3_block) is not supported (bf16 only)"), std::string::npos)
+        << msg;
+  // "auto" tries every registered runner in order, repeats once, and stops at the first that fits.
+  const std::vector<std::string> auto_twice{"auto", "reference", "auto"};
+  RunnerSelection sel = select_runner(small_spec(), Device::cpu(), auto_twice);
+  ASSERT_TRUE(sel.runner);
+  EXPECT_EQ(sel.runner->name(), "reference");
+  std::vector<std::string> tried;
+  for (const BackendVerdict& v : sel.verdicts) tried.push_back(v.name);
+  EXPECT_EQ(tried, registered_runners());  // none before the reference fits a CPU layer here
+  EXPECT_EQ(error_of<InvalidArgument>([&] { select_runner(small_spec(), Device::cpu(), {}); }),
+            "moekit::layer: backends must not be empty (use {\"auto\"})");
+}
+
+// ---- configs
+// --------------------------------------------------------------------------------------------------------
+
+TEST(QuantConfig, NamesAndRules) {
+  for (WeightFormat f : {WeightFormat::bf16, WeightFormat::fp8_e4m3_block, WeightFormat::fp8_e4m3_tensor,
+                         WeightFormat::fp8_e4m3_channel, WeightFormat::int4_group, WeightFormat::mxfp4})
+    EXPECT_EQ(parse_weight_format(weight_format_name(f)), f);
+  for (ActivationFormat f :
+       {ActivationFormat::bf16, ActivationFormat::fp8_e4m3_token_block, ActivationFormat::fp8_e4m3_tensor})
+    EXPECT_EQ(parse_activation_format(activation_format_name(f)), f);
+  EXPECT_EQ(error_of<InvalidArgument>([] { parse_weight_format("fp4"); }),
+            "moekit::quant: unknown weight_format 'fp4' (expected one of: bf16, fp8_e4m3_block, fp8_e4m3_tensor, "
+            "fp8_e4m3_channel, int4_group, mxfp4)");
+  QuantConfig q;
+  q.validate();
+  q.block_n = 100;
+  EXPECT_EQ(error_of<InvalidArgument>([&] { q.validate(); }),
+            "moekit::quant: block_n (100) must be a power of 2 in 16..1024");
+  q = {};
+  q.activation_format = ActivationFormat::fp8_e4m3_tensor;
+  EXPECT_EQ(error_of<InvalidArgument>([&] { q.validate(); }),
+            "moekit::quant: activation_format (fp8_e4m3_tensor) must be bf16 unless weight_format is fp8 "
+            "(weight_format is bf16)");
+  q.weight_format = WeightFormat::mxfp4;
+  EXPECT_EQ(error_of<InvalidArgument>([&] { q.validate(); }),
+            "moekit::quant: activation_format (fp8_e4m3_tensor) must be bf16 unless weight_format is fp8 "
+            "(weight_format is mxfp4, a weight-only format)");
+  q.weight_format = WeightFormat::fp8_e4m3_channel;
+  q.validate();
+}
+
+TEST(MoELayerConfig, ContractErrorsAreNeverHiddenByBackendFiltering) {
+  LayerSpec spec = small_spec();
+  HostWeights w(spec);
+  const LayerOptions only_cuda{.backends = {"cuda_bf16"}, .max_tokens = 8};
+  register_cuda_runners();
+  ExpertConfig bad = spec.experts;
+  bad.top_k = 9;
+  RoutingConfig bad_routing = spec.routing;
+  bad_routing.top_k = 9;
+  EXPECT_EQ(error_of<InvalidArgument>([&] { MoELayer l(bad, bad_routing, spec.quant, w.views, only_cuda); }),
+            "moekit::experts: top_k (9) must be <= num_experts (8)");
+  RoutingConfig other = spec.routing;
+  other.num_experts = 16;
+  EXPECT_EQ(error_of<InvalidArgument>([&] { MoELayer l(spec.experts, other, spec.quant, w.views, only_cuda); }),
+            "moekit::layer: routing num_experts (16) must equal the expert config's num_experts (8)");
+  QuantConfig q;
+  q.block_k = 3;
+  EXPECT_EQ(error_of<InvalidArgument>([&] { MoELayer l(spec.experts, spec.routing, q, w.views, only_cuda); }),
+            "moekit::quant: block_k (3) must be a power of 2 in 16..1024");
+  LayerWeights short_w = w.views;
+  short_w.experts.w2.shape[1] = 8;
+  const std::string bad_weights =
+      error_of<InvalidArgument>([&] { MoELayer l(spec.experts, spec.routing, spec.quant, short_w, only_cuda); });
+  EXPECT_EQ(bad_weights.rfind("moekit::experts: w2 ", 0), 0u) << bad_weights;
+  EXPECT_EQ(error_of<InvalidArgument>([&] {
+              MoELayer l(spec.experts, spec.routing, spec.quant, w.views, {.backends = {"auto"}, .max_tokens = 0});
+            }),
+            "moekit::layer: max_tokens (0) must be in [1, 2147483647]");
+  const std::string unknown = error_of<InvalidArgument>(
+      [&] { MoELayer l(spec.experts, spec.routing, spec.quant, w.views, {.backends = {"cuda"}, .max_tokens = 8}); });
+  EXPECT_EQ(unknown.rfind("moekit::layer: backend 'cuda' must be 'auto' or a registered runner (", 0), 0u) << unknown;
+  // A valid layer no backend serves: NotSupported naming each backend.
+  QuantConfig fp8;
+  fp8.weight_format = WeightFormat::fp8_e4m3_block;
+  const std::string none = error_of<NotSupported>(
+      [&] { MoELayer l(spec.experts, spec.routing, fp8, w.views, {.backends = {"auto"}, .max_tokens = 8}); });
+  EXPECT_EQ(none.rfind("moekit::layer: no backend supports this layer on cpu: ", 0), 0u) << none;
+  for (const std::string& name : registered_runners()) EXPECT_NE(none.find(name + ": "), std::string::npos) << none;
+}
+
+// ---- MoELayer with a fake runner: tactic choice and tuning scopes
+// --------------------------------------------------
+
+constexpr const char* kLayerFake = "fake_layer";
+
+void register_layer_fake() {
+  register_runner({kLayerFake, 0, [] {
+                     return std::make_unique<FakeRunner>(
+                         FakeRunnerConfig{.name = kLayerFake, .default_pair = {2, 2}, .cost = [](TacticPair p) {
+                                            return 10.0 - p.gemm1 - 2.0 * (p.gemm2 == 1);
+                                          }});
+                   }});
+}
+
+TEST(MoELayerTactics, ForwardRunsTheDefaultOutsideATuningScopeAndTunesInsideOne) {
+  register_layer_fake();
+  const LayerSpec spec = small_spec();
+  HostWeights w(spec);
+  Autotuner tuner(CacheMetadata{"0.1.0", "Test GPU", 1, 0});
+  MoELayer layer(spec.experts, spec.routing, spec.quant, w.views,
+                 {.backends = {kLayerFake}, .max_tokens = 64, .tuner = &tuner});
+  EXPECT_EQ(layer.backend(), kLayerFake);
+  ASSERT_EQ(layer.verdicts().size(), 1u);
+  EXPECT_TRUE(layer.verdicts()[0].support.ok);
+  auto& fake = dynamic_cast<FakeRunner&>(layer.runner());
+  auto run = [&](int64_t t) {
+    HostInputs x(spec, t);
+    layer.forward(x.views.hidden, x.views.logits, x.views.out);
+    return TacticPair{static_cast<int>(x.out[0]), static_cast<int>(x.out[1])};
+  };
+  EXPECT_EQ(run(5), (TacticPair{2, 2}));  // the default heuristic
+  EXPECT_TRUE(fake.timed.empty());
+  {
+    TuningScope scope;
+    EXPECT_NE(TuningScope::active(), nullptr);
+    EXPECT_EQ(run(5), (TacticPair{2, 1}));  // bucket 8 tuned first: cheapest GEMM1 is 2, GEMM2 is 1
+    EXPECT_EQ(fake.timed.size(), 10u);
+    EXPECT_EQ(run(7), (TacticPair{2, 1}));  // same bucket: no timing
+    EXPECT_EQ(fake.timed.size(), 10u);
+    run(9);  // bucket 16
+    EXPECT_EQ(fake.timed.size(), 20u);
+  }
+  EXPECT_EQ(TuningScope::active(), nullptr);
+  run(17);  // bucket 32: outside the scope, nothing is timed
+  EXPECT_EQ(fake.timed.size(), 20u);
+  EXPECT_FALSE(layer.choice(17).tuned);
+  // A new cache entry reaches forward() (memoized choices are dropped when the tuner changes).
+  tuner.insert(tuning_key(fake, spec, 8), {"g1_0", "g2_0", {"g1_0"}, {"g2_0"}, 1.0, 1.0, 8});
+  EXPECT_EQ(run(6), (TacticPair{0, 0}));
+  // Explicit tuning through the layer.
+  const int64_t tokens[] = {40};
+  std::vector<TuneResult> res = layer.tune(tokens);
+  EXPECT_EQ(res[0].bucket, 64);
+  EXPECT_EQ(run(40), (TacticPair{2, 1}));
+  EXPECT_EQ(layer.max_tokens(), 64);
+}
+
+// ---- MoELayer on the reference runner ---------------------------------------------------------------------------
+
+float bf16_value(uint16_t b) {
+  return bf16_to_float(b);
+}
+
+// Values exactly representable in bf16, from a small deterministic sequence.
+std::vector<uint16_t> bf16_values(size_t n, int seed, float scale) {
+  std::vector<uint16_t> v(n);
+  for (size_t i = 0; i < n; ++i) {
+    const int k = static_cast<int>((i * 37 + static_cast<size_t>(seed) * 101) % 61) - 30;
+    v[i] = float_to_bf16(scale * static_cast<float>(k) / 30.0f);
+  }
+  return v;
+}
+
+struct ReferenceCase {
+  int shared = 0;
+  bool biases = false;
+};
+
+class MoELayerReference : public ::testing::TestWithParam<ReferenceCase> {};
+
+// softmax_topk with renormalization, silu_gated, gate rows first: the layer written out directly in double.
+TEST_P(MoELayerReference, MatchesADirectComputation) {
+  const ReferenceCase c = GetParam();
+  constexpr int E = 4, K = 2, H = 8, I = 8, T = 3;
+  const int S = c.shared, Ew = E + S;
+  ExpertConfig ec;
+  ec.num_experts = E;
+  ec.top_k = K;
+  ec.hidden = H;
+  ec.intermediate = I;
+  ec.num_shared_experts = S;
+  RoutingConfig rc;
+  rc.method = RoutingMethod::softmax_topk;
+  rc.num_experts = E;
+  rc.top_k = K;
+  rc.num_shared_experts = S;
+  rc.renormalize = true;
+
+  std::vector<uint16_t> w13 = bf16_values(static_cast<size_t>(Ew) * 2 * I * H, 1, 0.5f);
+  std::vector<uint16_t> w2 = bf16_values(static_cast<size_t>(Ew) * H * I, 2, 0.5f);
+  std::vector<float> b13(static_cast<size_t>(Ew) * 2 * I), b2(static_cast<size_t>(Ew) * H);
+  for (size_t i = 0; i < b13.size(); ++i) b13[i] = 0.01f * static_cast<float>(i % 7);
+  for (size_t i = 0; i < b2.size(); ++i) b2[i] = -0.02f * static_cast<float>(i % 5);
+  std::vector<uint16_t> hidden = bf16_values(static_cast<size_t>(T) * H, 3, 1.0f);
+  // Distinct logits per token so the top-2 has no ties: token t prefers experts in the order of this table.
+  const float logits[T][E] = {{0.1f, 2.0f, -1.0f, 1.5f}, {3.0f, 0.0f, 0.5f, -2.0f}, {-0.5f, -0.25f, 1.0f, 0.75f}};
+
+  LayerWeights w;
+  w.experts.w13 = TensorView::contiguous(w13.data(), DType::bf16, {Ew, 2 * I, H});
+  w.experts.w2 = TensorView::contiguous(w2.data(), DType::bf16, {Ew, H, I});
+  if (c.biases) {
+    w.experts.b13 = TensorView::contiguous(b13.data(), DType::f32, {Ew, 2 * I});
+    w.experts.b2 = TensorView::contiguous(b2.data(), DType::f32, {Ew, H});
+  }
+  Autotuner tuner(CacheMetadata{"0.1.0", "cpu", 1, 0});
+  MoELayer layer(ec, rc, QuantConfig{}, w, {.backends = {"reference"}, .max_tokens = 8, .tuner = &tuner});
+  EXPECT_EQ(layer.backend(), "reference");
+
+  std::vector<uint16_t> out(static_cast<size_t>(T) * H, 0);
+  std::vector<int16_t> replay(static_cast<size_t>(8) * K, -7);
+  layer.forward(TensorView::contiguous(hidden.data(), DType::bf16, {T, H}),
+                TensorView::contiguous(const_cast<float*>(&logits[0][0]), DType::f32, {T, E}),
+                TensorView::contiguous(out.data(), DType::bf16, {T, H}), nullptr,
+                TensorView::contiguous(replay.data(), DType::i16, {8, K}));
+
+  for (int t = 0; t < T; ++t) {
+    // Routing: top-2 logits (distinct), softmax over all E, renormalized over the two.
+    std::vector<int> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return logits[t][a] > logits[t][b]; });
+    double denom = 0;
+    for (int e = 0; e < E; ++e) denom += std::exp(static_cast<double>(logits[t][e]));
+    double p[K], psum = 0;
+    for (int j = 0; j < K; ++j) psum += p[j] = std::exp(static_cast<double>(logits[t][order[j]])) / denom;
+    std::vector<std::pair<int, double>> slots;  // (weight row, routing weight)
+    for (int j = 0; j < K; ++j) {
+      slots.push_back({order[j], p[j] / psum});
+      EXPECT_EQ(replay[static_cast<size_t>(t) * K + j], order[j]) << "t=" << t << " j=" << j;
+    }
+    for (int s = 0; s < S; ++s) slots.push_back({E + s, 1.0});
+    for (int h = 0; h < H; ++h) {
+      double expected = 0;
+      for (auto [e, weight] : slots) {
+        double y = c.biases ? b2[static_cast<size_t>(e) * H + h] : 0.0;
+        for (int i = 0; i < I; ++i) {
+          double gate = c.biases ? b13[static_cast<size_t>(e) * 2 * I + i] : 0.0;
+          double up = c.biases ? b13[static_cast<size_t>(e) * 2 * I + I + i] : 0.0;
+          for (int k = 0; k < H; ++k) {
+            const double x = bf16_value(hidden[static_cast<size_t>(t) * H + k]);
+            gate += bf16_value(w13[(static_cast<size_t>(e) * 2 * I + i) * H + k]) * x;
+            up += bf16_value(w13[(static_cast<size_t>(e) * 2 * I + I + i) * H + k]) * x;
+          }
+          const double act = gate / (1.0 + std::exp(-gate)) * up;
+          y += bf16_value(w2[(static_cast<size_t>(e) * H + h) * I + i]) * act;
+        }
+        expected += weight * y;
+      }
+      const double got = bf16_value(out[static_cast<size_t>(t) * H + h]);
+      // One bf16 rounding at the end (relative 2^-8) plus fp32 accumulation noise.
+      EXPECT_NEAR(got, expected, std::abs(expected) / 256.0 + 1e-4) << "t=" << t << " h=" << h;
+    }
+  }
+  // Replay rows past T are untouched.
+  for (size_t i = static_cast<size_t>(T) * K; i < replay.size(); ++i) EXPECT_EQ(replay[i], -7);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, MoELayerReference, ::testing::Values(ReferenceCase{0, false}, ReferenceCase{1, true}),
+                         [](const auto& info) {
+                           return std::string(info.param.shared ? "shared_expert_and_biases" : "plain");
+                         });
+
+TEST(MoELayerReferenceTuning, TunesTheSingleTacticItHas) {
+  const LayerSpec spec = small_spec();
+  std::unique_ptr<Runner> r = make_runner("reference");
+  ASSERT_TRUE(r->check_support(spec, Device::cpu()).ok);
+  r->build_synthetic(16);
+  Autotuner tuner(CacheMetadata{"0.1.0", "cpu", 1, 0});
+  const int64_t tokens[] = {1, 16};
+  std::vector<TuneResult> res = tuner.tune(*r, spec, tokens);
+  ASSERT_EQ(res.size(), 2u);
+  for (const TuneResult& t : res) {
+    EXPECT_EQ(t.timed_configs, 1);
+    EXPECT_EQ(t.best, (TacticPair{0, 0}));
+    EXPECT_GT(t.entry.seconds, 0.0);
+  }
+}
+
+// ---- moekit tune on the CPU backend -------------------------------------------------------------------------------
+
+struct Command {
+  int status = -1;
+  std::string output;  // stdout and stderr
+};
+
+Command run_cli(const std::string& args) {
+  Command c;
+  std::FILE* p = popen((std::string(MOEKIT_CLI_PATH) + " " + args + " 2>&1").c_str(), "r");
+  if (!p) return c;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) c.output.append(buf, n);
+  const int status = pclose(p);
+  c.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return c;
+}
+
+std::string file_text(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+TEST(TuneCommand, TunesAPresetOnTheReferenceRunnerAndShowsTheCache) {
+  if (!std::filesystem::exists(MOEKIT_CLI_PATH)) GTEST_SKIP() << "moekit CLI not built at " << MOEKIT_CLI_PATH;
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("moekit_tune_cli_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string cache = (dir / "tune.json").string();
+  Command tune = run_cli("tune --preset qwen3-30b-a3b --tokens 1,2,3 --cache " + cache +
+                         " --device cpu --backend reference --progress lines");
+  ASSERT_EQ(tune.status, 0) << tune.output;
+  EXPECT_NE(tune.output.find("with runner reference@1 (1 GEMM1 x 1 GEMM2 tactics)"), std::string::npos)
+      << tune.output;
+  EXPECT_NE(tune.output.find("saved 3 entries to " + cache), std::string::npos) << tune.output;  // buckets 1, 2, 4
+  Command show = run_cli("tune --show " + cache);
+  ASSERT_EQ(show.status, 0) << show.output;
+  EXPECT_NE(show.output.find("3 entries"), std::string::npos) << show.output;
+  EXPECT_NE(show.output.find("runner=reference@1 E=128 local=128@0 K=8 S=0 H=2048 I=768 act=silu_gated "
+                             "gate_up=gate_first bias=0 routing=topk_softmax groups=1/1 w=bf16 a=bf16 "
+                             "blocks=128x128/128 T=4\n"),
+            std::string::npos)
+      << show.output;
+  // Again: every bucket is cached, nothing is timed.
+  Command again = run_cli("tune --preset qwen3-30b-a3b --tokens 2 --cache " + cache + " --device cpu");
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("cached"), std::string::npos) << again.output;
+  // A corrupted cache is reported and left as it was.
+  const fs::path bad = dir / "bad.json";
+  std::ofstream(bad) << "{\"entries\": [";
+  Command broken = run_cli("tune --preset qwen3-30b-a3b --tokens 1 --device cpu --cache " + bad.string());
+  EXPECT_EQ(broken.status, 1);
+  EXPECT_NE(broken.output.find("error: moekit::tuner: cache file '" + bad.string() + "' is not valid JSON: "),
+            std::string::npos)
+      << broken.output;
+  EXPECT_EQ(file_text(bad), "{\"entries\": [");
+  Command usage = run_cli("tune --tokens 1 --cache " + cache);
+  EXPECT_EQ(usage.status, 1);
+  EXPECT_NE(usage.output.find("moekit::tune: --preset is required (or --show PATH)"), std::string::npos)
+      << usage.output;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace moekit

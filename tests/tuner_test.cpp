@@ -1,0 +1,588 @@
+// Autotuner: token buckets, key sensitivity, staged search on tactics with known costs, the default heuristic,
+// the persisted cache (round trip, merge, metadata invalidation, corrupted files, two processes saving at once),
+// resuming from a stored shortlist, and the progress output.
+#include "moekit/tuner.h"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "fake_runner.h"
+#include "moekit/error.h"
+#include "moekit/layer.h"
+#include "moekit/version.h"
+#include "runtime/progress.h"
+
+namespace moekit {
+namespace {
+
+using testing::FakeRunner;
+using testing::FakeRunnerConfig;
+using testing::small_spec;
+namespace fs = std::filesystem;
+
+CacheMetadata test_metadata() {
+  return {"0.1.0", "Test GPU", 132, 12080};
+}
+
+// A fake runner checked and built for small_spec().
+std::unique_ptr<FakeRunner> built_runner(FakeRunnerConfig cfg = {}, int64_t max_tokens = 4096) {
+  auto r = std::make_unique<FakeRunner>(std::move(cfg));
+  EXPECT_TRUE(r->check_support(small_spec(), Device::cpu()).ok);
+  r->build_synthetic(max_tokens);
+  return r;
+}
+
+// A fresh folder per test under the system temp folder.
+fs::path temp_dir() {
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  fs::path dir = fs::temp_directory_path() / (std::string("moekit_tuner_") + info->test_suite_name() + "_" +
+                                              info->name() + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string read_all(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void write_all(const fs::path& p, const std::string& text) {
+  std::ofstream out(p, std::ios::binary);
+  out << text;
+}
+
+// ---- buckets
+// --------------------------------------------------------------------------------------------------------
+
+TEST(TokenBucket, Boundaries) {
+  const std::pair<int64_t, int64_t> cases[] = {
+      {1, 1},         {2, 2},
+      {3, 4},         {5, 8},
+      {255, 256},     {256, 256},
+      {257, 512},     {512, 512},
+      {513, 768},     {1000, 1024},
+      {2047, 2048},   {2048, 2048},
+      {2049, 2560},   {2560, 2560},
+      {2561, 3072},   {4095, 4096},
+      {4096, 4096},   {4097, 8192},
+      {8192, 8192},   {8193, 16384},
+      {16384, 16384}, {kMaxTunedTokens, int64_t{1} << 31},
+  };
+  for (auto [t, b] : cases) EXPECT_EQ(token_bucket(t), b) << "T=" << t;
+}
+
+TEST(TokenBucket, MatchesTheRuleForEveryTokenCount) {
+  // The bucket list written out from DESIGN §6, independently of the implementation.
+  std::vector<int64_t> list;
+  for (int64_t b = 1; b <= 256; b *= 2) list.push_back(b);
+  for (int64_t b = 512; b <= 2048; b += 256) list.push_back(b);
+  for (int64_t b = 2560; b <= 4096; b += 512) list.push_back(b);
+  for (int64_t b = 8192; b <= 65536; b *= 2) list.push_back(b);
+  for (int64_t t = 1; t <= 65536; ++t) {
+    const int64_t expected = *std::lower_bound(list.begin(), list.end(), t);
+    ASSERT_EQ(token_bucket(t), expected) << "T=" << t;
+  }
+  EXPECT_EQ(token_buckets(65536), list);
+  EXPECT_EQ(token_buckets(3), (std::vector<int64_t>{1, 2, 4}));
+  EXPECT_EQ(token_buckets(1), (std::vector<int64_t>{1}));
+}
+
+TEST(TokenBucket, RejectsOutOfRange) {
+  for (int64_t t : {int64_t{0}, int64_t{-1}, kMaxTunedTokens + 1}) {
+    try {
+      token_bucket(t);
+      FAIL() << "no throw for " << t;
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()),
+                "moekit::tuner: tokens (" + std::to_string(t) + ") must be in [1, 2147483647]");
+    }
+  }
+}
+
+// ---- key
+// ------------------------------------------------------------------------------------------------------------
+
+TEST(TuningKey, IsReadableAndHoldsEveryField) {
+  FakeRunner r;
+  ASSERT_TRUE(r.check_support(small_spec(), Device::cpu()).ok);
+  EXPECT_EQ(tuning_key(r, small_spec(), 40),
+            "runner=fake@1 E=8 local=8@0 K=2 S=0 H=16 I=8 act=silu_gated gate_up=gate_first bias=0 "
+            "routing=softmax_topk groups=1/1 w=bf16 a=bf16 blocks=128x128/128 T=64");
+}
+
+TEST(TuningKey, EveryFieldChangesTheKey) {
+  const LayerSpec base = small_spec();
+  FakeRunner runner;
+  std::vector<std::pair<std::string, std::string>> keys;  // (what changed, key)
+  keys.emplace_back("nothing", tuning_key(runner, base, 64));
+  auto with = [&](const std::string& what, auto mutate) {
+    LayerSpec s = base;
+    mutate(s);
+    s.validate();  // every variant is a valid layer
+    keys.emplace_back(what, tuning_key(runner, s, 64));
+  };
+  with("E", [](LayerSpec& s) { s.experts.num_experts = s.routing.num_experts = 16; });
+  with("local E", [](LayerSpec& s) { s.experts.local_num_experts = 4; });
+  with("offset", [](LayerSpec& s) {
+    s.experts.local_num_experts = 4;
+    s.experts.local_expert_offset = 4;
+  });
+  with("K", [](LayerSpec& s) { s.experts.top_k = s.routing.top_k = 4; });
+  with("S", [](LayerSpec& s) { s.experts.num_shared_experts = s.routing.num_shared_experts = 1; });
+  with("H", [](LayerSpec& s) { s.experts.hidden = 32; });
+  with("I", [](LayerSpec& s) { s.experts.intermediate = 16; });
+  with("activation", [](LayerSpec& s) { s.experts.activation = Activation::swiglu_clamped; });
+  with("gate_up", [](LayerSpec& s) { s.experts.gate_up = GateUpLayout::interleaved; });
+  with("expert biases", [](LayerSpec& s) { s.expert_biases = true; });
+  with("routing method", [](LayerSpec& s) { s.routing.method = RoutingMethod::topk_softmax; });
+  with("n_group", [](LayerSpec& s) {
+    s.routing.method = RoutingMethod::sigmoid_grouped;
+    s.routing.n_group = 4;
+    s.routing.topk_group = 4;
+  });
+  with("topk_group", [](LayerSpec& s) {
+    s.routing.method = RoutingMethod::sigmoid_grouped;
+    s.routing.n_group = 4;
+    s.routing.topk_group = 2;
+  });
+  with("weight format", [](LayerSpec& s) { s.quant.weight_format = WeightFormat::fp8_e4m3_block; });
+  with("activation format", [](LayerSpec& s) {
+    s.quant.weight_format = WeightFormat::fp8_e4m3_block;
+    s.quant.activation_format = ActivationFormat::fp8_e4m3_token_block;
+  });
+  with("block_n", [](LayerSpec& s) { s.quant.block_n = 64; });
+  with("block_k", [](LayerSpec& s) { s.quant.block_k = 64; });
+  with("activation block", [](LayerSpec& s) { s.quant.activation_block = 64; });
+  keys.emplace_back("bucket", tuning_key(runner, base, 65));
+  FakeRunner other_name({.name = "other"});
+  keys.emplace_back("runner", tuning_key(other_name, base, 64));
+  FakeRunner other_version({.version = "2"});
+  keys.emplace_back("runner version", tuning_key(other_version, base, 64));
+
+  std::set<std::string> distinct;
+  for (const auto& [what, key] : keys) EXPECT_TRUE(distinct.insert(key).second) << what << " did not change: " << key;
+  // The topk_group variant must differ from the n_group one too, so both group fields are in the key.
+  // Token counts inside one bucket share the key.
+  EXPECT_EQ(tuning_key(runner, base, 33), tuning_key(runner, base, 64));
+}
+
+// ---- staged search
+// --------------------------------------------------------------------------------------------------
+
+TEST(StagedTuning, AdditiveCostsFindTheBestPairWithNPlusNPlus4Timings) {
+  const std::vector<double> c1{5, 2, 7, 1, 9};  // best GEMM1: 3, then 1
+  const std::vector<double> c2{4, 8, 3, 6};     // best GEMM2: 2, then 0
+  auto r = built_runner(
+      {.n1 = 5, .n2 = 4, .default_pair = {0, 1}, .cost = [&](TacticPair p) { return c1[p.gemm1] + c2[p.gemm2]; }});
+  Autotuner tuner(test_metadata());
+  const int64_t tokens[] = {100};
+  std::vector<TuneResult> res = tuner.tune(*r, small_spec(), tokens);
+  ASSERT_EQ(res.size(), 1u);
+  EXPECT_EQ(res[0].timed_configs, 5 + 4 + 4);
+  ASSERT_EQ(r->timed.size(), 13u);
+  // Stage 1: each GEMM1 tactic with the default GEMM2 (1); stage 2: each GEMM2 with the default GEMM1 (0).
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(r->timed[i], (TacticPair{i, 1}));
+  for (int j = 0; j < 4; ++j) EXPECT_EQ(r->timed[5 + j], (TacticPair{0, j}));
+  // Stage 3: the 2x2 shortlist pairs.
+  const std::vector<TacticPair> finals(r->timed.begin() + 9, r->timed.end());
+  EXPECT_EQ(finals, (std::vector<TacticPair>{{3, 2}, {3, 0}, {1, 2}, {1, 0}}));
+  EXPECT_EQ(res[0].best, (TacticPair{3, 2}));
+  EXPECT_EQ(res[0].bucket, 128);
+  for (int64_t t : r->timed_tokens) EXPECT_EQ(t, 128);  // timed at the bucket
+  const TuningEntry& e = res[0].entry;
+  EXPECT_EQ(e.gemm1, "g1_3");
+  EXPECT_EQ(e.gemm2, "g2_2");
+  EXPECT_EQ(e.gemm1_shortlist, (std::vector<std::string>{"g1_3", "g1_1"}));
+  EXPECT_EQ(e.gemm2_shortlist, (std::vector<std::string>{"g2_2", "g2_0"}));
+  EXPECT_EQ(e.seconds, 1.0 + 3.0);
+  EXPECT_EQ(e.default_seconds, 5.0 + 8.0);
+  EXPECT_EQ(e.tokens, 128);
+}
+
+TEST(StagedTuning, FindsABetterPairThanTheStageWinnersWhenCostsDoNotCompose) {
+  // Alone, GEMM1 0 and GEMM2 0 win their stages, but together they pay a penalty of 10 (say, both want the
+  // same shared memory); the best of the four shortlist pairs is (1, 0).
+  const std::vector<double> c1{1, 2, 5}, c2{1, 3, 5};
+  auto cost = [&](TacticPair p) { return c1[p.gemm1] + c2[p.gemm2] + (p.gemm1 == 0 && p.gemm2 == 0 ? 10.0 : 0.0); };
+  auto r = built_runner({.n1 = 3, .n2 = 3, .default_pair = {2, 2}, .cost = cost});
+  Autotuner tuner(test_metadata());
+  const int64_t tokens[] = {64};
+  TuneResult res = tuner.tune(*r, small_spec(), tokens)[0];
+  EXPECT_EQ(res.timed_configs, 3 + 3 + 4);
+  EXPECT_EQ(res.entry.gemm1_shortlist, (std::vector<std::string>{"g1_0", "g1_1"}));
+  EXPECT_EQ(res.entry.gemm2_shortlist, (std::vector<std::string>{"g2_0", "g2_1"}));
+  // Pairs: (0,0) = 12, (0,1) = 4, (1,0) = 3, (1,1) = 5.
+  EXPECT_EQ(res.best, (TacticPair{1, 0}));
+  EXPECT_EQ(res.entry.seconds, 3.0);
+  EXPECT_EQ(res.entry.default_seconds, 10.0);
+}
+
+TEST(StagedTuning, SingleTacticStagesAreNotRanked) {
+  {
+    auto r = built_runner({.n1 = 1, .n2 = 3, .cost = [](TacticPair p) { return 3.0 - p.gemm2; }});
+    Autotuner tuner(test_metadata());
+    const int64_t tokens[] = {1};
+    TuneResult res = tuner.tune(*r, small_spec(), tokens)[0];
+    EXPECT_EQ(res.timed_configs, 0 + 3 + 1 * 2);
+    EXPECT_EQ(res.best, (TacticPair{0, 2}));
+  }
+  {
+    auto r = built_runner({.n1 = 1, .n2 = 1});
+    Autotuner tuner(test_metadata());
+    const int64_t tokens[] = {1};
+    TuneResult res = tuner.tune(*r, small_spec(), tokens)[0];
+    EXPECT_EQ(res.timed_configs, 1);
+    EXPECT_EQ(res.entry.seconds, res.entry.default_seconds);
+  }
+}
+
+TEST(StagedTuning, TimesAtMostMaxTokensAndOncePerBucket) {
+  auto r = built_runner({}, /*max_tokens=*/100);
+  Autotuner tuner(test_metadata());
+  const int64_t tokens[] = {100, 65, 3, 4};  // 100 and 65 share bucket 128; 3 and 4 share bucket 4
+  std::vector<TuneResult> res = tuner.tune(*r, small_spec(), tokens);
+  ASSERT_EQ(res.size(), 2u);
+  EXPECT_EQ(res[0].bucket, 128);
+  EXPECT_EQ(res[1].bucket, 4);
+  EXPECT_EQ(res[0].entry.tokens, 100);  // capped at the runner's max_tokens
+  EXPECT_EQ(r->timed.size(), 2u * (3 + 3 + 4));
+}
+
+TEST(StagedTuning, DefaultHeuristicWithoutAnEntryAndTheWinnerAfterTuning) {
+  auto r = built_runner({.default_pair = {2, 1}, .cost = [](TacticPair p) { return 1.0 + p.gemm1 + p.gemm2; }});
+  Autotuner tuner(test_metadata());
+  TacticChoice c = tuner.choose(*r, small_spec(), 50);
+  EXPECT_FALSE(c.tuned);
+  EXPECT_EQ(c.tactics, (TacticPair{2, 1}));
+  EXPECT_TRUE(r->timed.empty());  // choosing never times
+  const int64_t tokens[] = {50};
+  tuner.tune(*r, small_spec(), tokens);
+  c = tuner.choose(*r, small_spec(), 33);  // same bucket (64)
+  EXPECT_TRUE(c.tuned);
+  EXPECT_EQ(c.tactics, (TacticPair{0, 0}));
+  EXPECT_FALSE(tuner.choose(*r, small_spec(), 65).tuned);  // another bucket
+}
+
+TEST(StagedTuning, SkipsCachedBucketsUnlessAskedToRetune) {
+  auto r = built_runner();
+  Autotuner tuner(test_metadata());
+  const int64_t tokens[] = {8};
+  tuner.tune(*r, small_spec(), tokens);
+  r->timed.clear();
+  TuneResult again = tuner.tune(*r, small_spec(), tokens)[0];
+  EXPECT_TRUE(again.from_cache);
+  EXPECT_EQ(again.timed_configs, 0);
+  EXPECT_TRUE(r->timed.empty());
+  TuneResult full = tuner.tune(*r, small_spec(), tokens, {.mode = TuneMode::full})[0];
+  EXPECT_EQ(full.timed_configs, 10);
+}
+
+TEST(StagedTuning, TimingNeedsABuiltRunner) {
+  FakeRunner r;
+  ASSERT_TRUE(r.check_support(small_spec(), Device::cpu()).ok);
+  Autotuner tuner(test_metadata());
+  const int64_t tokens[] = {8};
+  try {
+    tuner.tune(r, small_spec(), tokens);
+    FAIL() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "moekit::tuner: runner 'fake': tune() called before build()");
+  }
+  // A request the cache answers entirely needs no build.
+  tuner.insert(tuning_key(r, small_spec(), 8), {"g1_1", "g2_2", {"g1_1"}, {"g2_2"}, 1.0, 2.0, 8});
+  TuneResult res = tuner.tune(r, small_spec(), tokens)[0];
+  EXPECT_TRUE(res.from_cache);
+  EXPECT_EQ(res.best, (TacticPair{1, 2}));
+}
+
+// ---- persisted cache
+// -----------------------------------------------------------------------------------------------
+
+TEST(TuningCache, RoundTrip) {
+  const fs::path dir = temp_dir();
+  const fs::path path = dir / "sub" / "cache.json";  // the folder is created
+  auto r = built_runner({.cost = [](TacticPair p) { return 1.0 + 2 * p.gemm1 + (p.gemm2 == 1 ? 0.0 : 1.0); }});
+  Autotuner tuner(test_metadata());
+  const int64_t tokens[] = {1, 64, 4096};
+  tuner.tune(*r, small_spec(), tokens);
+  Autotuner::SaveReport saved = tuner.save(path);
+  EXPECT_EQ(saved.written, 3u);
+  EXPECT_EQ(saved.kept_from_disk, 0u);
+
+  Autotuner loaded(test_metadata());
+  Autotuner::LoadReport report = loaded.load(path);
+  EXPECT_TRUE(report.file_exists);
+  EXPECT_EQ(report.loaded, 3u);
+  EXPECT_EQ(report.mismatch, "");
+  EXPECT_EQ(loaded.entries(), tuner.entries());
+  TacticChoice c = loaded.choose(*r, small_spec(), 64);
+  EXPECT_TRUE(c.tuned);
+  EXPECT_EQ(c.tactics, (TacticPair{0, 1}));
+
+  CacheFile file = Autotuner::read_file(path);
+  EXPECT_EQ(file.metadata, test_metadata());
+  EXPECT_EQ(file.entries.size(), 3u);
+  EXPECT_TRUE(read_all(path).find("\"format\": \"moekit-tuning-cache\"") != std::string::npos);
+  // A missing file loads nothing.
+  Autotuner empty(test_metadata());
+  EXPECT_FALSE(empty.load(dir / "absent.json").file_exists);
+  EXPECT_EQ(empty.size(), 0u);
+  fs::remove_all(dir);
+}
+
+TEST(TuningCache, SaveMergesWithTheFileAndLearnedEntriesWin) {
+  const fs::path dir = temp_dir();
+  const fs::path path = dir / "cache.json";
+  TuningEntry a{"g1_0", "g2_0", {"g1_0"}, {"g2_0"}, 1.0, 2.0, 8};
+  TuningEntry b{"g1_1", "g2_1", {"g1_1"}, {"g2_1"}, 3.0, 4.0, 16};
+  Autotuner first(test_metadata());
+  first.insert("key-a", a);
+  first.save(path);
+
+  Autotuner second(test_metadata());
+  second.insert("key-b", b);
+  Autotuner::SaveReport rep = second.save(path);
+  EXPECT_EQ(rep.written, 2u);
+  EXPECT_EQ(rep.kept_from_disk, 1u);
+  EXPECT_EQ(second.find("key-a"), a);  // merged into memory too
+  EXPECT_EQ(Autotuner::read_file(path).entries.size(), 2u);
+
+  // `first` learns a new value for key-a; `second` saving again must not put its stale copy back.
+  TuningEntry a2 = a;
+  a2.seconds = 0.5;
+  first.insert("key-a", a2);
+  first.save(path);
+  second.save(path);
+  EXPECT_EQ(Autotuner::read_file(path).entries.at("key-a"), a2);
+  fs::remove_all(dir);
+}
+
+TEST(TuningCache, MetadataMismatchInvalidates) {
+  const fs::path dir = temp_dir();
+  const fs::path path = dir / "cache.json";
+  Autotuner writer(test_metadata());
+  writer.insert("k", {"g1_0", "g2_0", {"g1_0"}, {"g2_0"}, 1.0, 1.0, 1});
+  writer.save(path);
+  const std::string original = read_all(path);
+  struct Variant {
+    std::string field;
+    CacheMetadata meta;
+  };
+  std::vector<Variant> variants;
+  for (int f = 0; f < 4; ++f) {
+    CacheMetadata m = test_metadata();
+    if (f == 0) m.library_version = "0.0.9";
+    if (f == 1) m.device_name = "Other GPU";
+    if (f == 2) m.sm_count = 114;
+    if (f == 3) m.cuda_version = 12040;
+    variants.push_back(
+        {std::vector<std::string>{"library_version", "device_name", "sm_count", "cuda_version"}[f], m});
+  }
+  for (const Variant& v : variants) {
+    write_all(path, original);
+    Autotuner reader(v.meta);
+    Autotuner::LoadReport rep = reader.load(path);
+    EXPECT_EQ(rep.loaded, 0u) << v.field;
+    EXPECT_EQ(rep.ignored, 1u) << v.field;
+    EXPECT_EQ(rep.mismatch.rfind(v.field + " (", 0), 0u) << rep.mismatch;
+    EXPECT_EQ(reader.size(), 0u);
+    // Saving replaces the stale entries and writes this machine's metadata.
+    reader.insert("mine", {"g1_1", "g2_1", {"g1_1"}, {"g2_1"}, 2.0, 2.0, 2});
+    Autotuner::SaveReport s = reader.save(path);
+    EXPECT_EQ(s.dropped, 1u);
+    CacheFile file = Autotuner::read_file(path);
+    EXPECT_EQ(file.metadata, v.meta);
+    EXPECT_EQ(file.entries.size(), 1u);
+    EXPECT_EQ(file.entries.count("mine"), 1u);
+  }
+  EXPECT_EQ(test_metadata().mismatch(test_metadata()), "");
+  EXPECT_EQ(test_metadata().mismatch(variants[1].meta), "device_name ('Test GPU' vs 'Other GPU')");
+  fs::remove_all(dir);
+}
+
+TEST(TuningCache, CorruptedFileIsReportedAndLeftAlone) {
+  const fs::path dir = temp_dir();
+  const fs::path path = dir / "cache.json";
+  const std::string garbage = "{\"format\": \"moekit-tuning-cache\", \"entries\": {";
+  write_all(path, garbage);
+  Autotuner tuner(test_metadata());
+  tuner.insert("k", {"g1_0", "g2_0", {"g1_0"}, {"g2_0"}, 1.0, 1.0, 1});
+  const std::string prefix = "moekit::tuner: cache file '" + path.string() + "' is not valid JSON: ";
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    try {
+      if (attempt == 0) tuner.load(path);
+      if (attempt == 1) tuner.save(path);
+      if (attempt == 2) Autotuner::read_file(path);
+      ADD_FAILURE() << "no throw in attempt " << attempt;
+    } catch (const InvalidArgument& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(prefix, 0), 0u) << e.what();
+      EXPECT_NE(std::string(e.what()).find("parse error"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(read_all(path), garbage);
+  }
+  // Valid JSON without the cache's structure names what is wrong.
+  const std::string wrong = R"({"format": "moekit-tuning-cache", "format_version": 1,
+    "metadata": {"library_version": "0.1.0", "device_name": "Test GPU", "sm_count": 132, "cuda_version": 12080},
+    "entries": {"k": {"gemm1": 3}}})";
+  write_all(path, wrong);
+  try {
+    tuner.save(path);
+    FAIL() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()), "moekit::tuner: cache file '" + path.string() +
+                                         "' is not a valid tuning cache: entry 'k'.gemm1 must be a string");
+  }
+  EXPECT_EQ(read_all(path), wrong);
+  try {
+    Autotuner::read_file(dir / "absent.json");
+    FAIL() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "moekit::tuner: cache file '" + (dir / "absent.json").string() + "' does not exist");
+  }
+  fs::remove_all(dir);
+}
+
+TEST(TuningCache, TwoProcessesSavingAtOnceKeepEveryEntry) {
+  const fs::path dir = temp_dir();
+  const fs::path path = dir / "cache.json";
+  constexpr int kSaves = 25;
+  std::vector<pid_t> children;
+  for (int c = 0; c < 2; ++c) {
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      int status = 0;
+      try {
+        Autotuner tuner(test_metadata());  // a fresh tuner per process, as two `moekit tune` runs would have
+        for (int i = 0; i < kSaves; ++i) {
+          tuner.insert(fmt::format("child{}-{}", c, i), {"g1_0", "g2_0", {"g1_0"}, {"g2_0"}, 1.0 * i, 1.0, 1});
+          tuner.save(path);
+        }
+      } catch (...) {
+        status = 1;
+      }
+      _exit(status);
+    }
+    children.push_back(pid);
+  }
+  for (pid_t pid : children) {
+    int status = -1;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  CacheFile file = Autotuner::read_file(path);
+  EXPECT_EQ(file.entries.size(), 2u * kSaves);
+  for (int c = 0; c < 2; ++c)
+    for (int i = 0; i < kSaves; ++i) EXPECT_EQ(file.entries.count(fmt::format("child{}-{}", c, i)), 1u);
+  fs::remove_all(dir);
+}
+
+TEST(TuningCache, ResumingRetimesTheStoredShortlist) {
+  const fs::path dir = temp_dir();
+  const fs::path path = dir / "cache.json";
+  const std::vector<double> c1{5, 2, 7, 1}, c2{4, 8, 3, 6};
+  FakeRunnerConfig cfg{.n1 = 4, .n2 = 4, .cost = [&](TacticPair p) { return c1[p.gemm1] + c2[p.gemm2]; }};
+  {
+    auto r = built_runner(cfg);
+    Autotuner tuner(test_metadata());
+    const int64_t tokens[] = {256};
+    tuner.tune(*r, small_spec(), tokens);
+    tuner.save(path);
+  }
+  auto r = built_runner(cfg);
+  Autotuner tuner(test_metadata());
+  tuner.load(path);
+  const int64_t tokens[] = {200};
+  TuneResult res = tuner.tune(*r, small_spec(), tokens, {.mode = TuneMode::retime_shortlist})[0];
+  EXPECT_EQ(res.timed_configs, 4);
+  EXPECT_EQ(r->timed, (std::vector<TacticPair>{{3, 2}, {3, 0}, {1, 2}, {1, 0}}));
+  EXPECT_EQ(res.best, (TacticPair{3, 2}));
+  EXPECT_EQ(res.entry.gemm1_shortlist, (std::vector<std::string>{"g1_3", "g1_1"}));
+  fs::remove_all(dir);
+}
+
+TEST(TuningCache, EntriesNamingUnknownTacticsAreNotTrusted) {
+  auto r = built_runner({.default_pair = {1, 1}});
+  Autotuner tuner(test_metadata());
+  const std::string key = tuning_key(*r, small_spec(), 16);
+  tuner.insert(key, {"g1_9", "g2_0", {"g1_9"}, {"g2_0"}, 1.0, 1.0, 16});
+  TacticChoice c = tuner.choose(*r, small_spec(), 16);
+  EXPECT_FALSE(c.tuned);
+  EXPECT_EQ(c.tactics, (TacticPair{1, 1}));
+  const int64_t tokens[] = {16};
+  EXPECT_EQ(tuner.tune(*r, small_spec(), tokens)[0].timed_configs, 10);  // a full search, not "cached"
+}
+
+// ---- progress
+// -------------------------------------------------------------------------------------------------------
+
+std::string captured(std::FILE* f) {
+  std::fflush(f);
+  std::rewind(f);
+  std::string s;
+  for (int ch; (ch = std::fgetc(f)) != EOF;) s.push_back(static_cast<char>(ch));
+  return s;
+}
+
+TEST(Progress, EtaFromTheAverageCostSoFar) {
+  double now = 100.0;
+  std::FILE* f = std::tmpfile();
+  detail::TuneProgress p(ProgressStyle::bar, f, "tune fake", 4, [&] { return now; });
+  EXPECT_EQ(p.eta(), "ETA ?");
+  now = 102.0;
+  p.timed(64);  // 1 of 4 done in 2 s: 3 left at 2 s each
+  EXPECT_EQ(p.eta(), "ETA 6.00 s");
+  p.finish();
+  const std::string out = captured(f);
+  EXPECT_EQ(out.front(), '\r');
+  EXPECT_NE(out.find("[#######-----------------------] 1/4 timings  T=64  2.00 s elapsed  ETA 6.00 s"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.back(), '\n');
+  std::fclose(f);
+}
+
+TEST(Progress, PlainLinesWhenNotATerminal) {
+  std::FILE* f = std::tmpfile();
+  auto r = built_runner();
+  Autotuner tuner(test_metadata());
+  const int64_t tokens[] = {3, 64};
+  tuner.tune(*r, small_spec(), tokens, {.progress = ProgressStyle::detect, .progress_stream = f});
+  const std::string out = captured(f);
+  EXPECT_EQ(out.find('\r'), std::string::npos) << out;
+  std::vector<std::string> lines;
+  std::stringstream s(out);
+  for (std::string line; std::getline(s, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 2u) << out;
+  EXPECT_EQ(lines[0].rfind("tune fake: T=3 (bucket 4): gemm1=g1_0 gemm2=g2_0 ", 0), 0u) << lines[0];
+  EXPECT_NE(lines[0].find("10 timed; 10/20 timings"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find("20/20 timings"), std::string::npos) << lines[1];
+  EXPECT_EQ(lines[1].substr(lines[1].size() - 6), ", done") << lines[1];
+  std::fclose(f);
+}
+
+TEST(Progress, FormatsDurations) {
+  EXPECT_EQ(detail::format_seconds(850e-9), "850 ns");
+  EXPECT_EQ(detail::format_seconds(12.34e-6), "12.3 us");
+  EXPECT_EQ(detail::format_seconds(4.567e-3), "4.57 ms");
+  EXPECT_EQ(detail::format_seconds(1.234), "1.23 s");
+}
+
+TEST(Version, IsTheProjectVersion) {
+  EXPECT_EQ(kVersion, "0.1.0");
+  EXPECT_EQ(CacheMetadata::current().library_version, "0.1.0");
+}
+
+}  // namespace
+}  // namespace moekit
