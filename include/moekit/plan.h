@@ -57,6 +57,7 @@ struct RoutePlanView {
   int32_t* slot_rows = nullptr;      // [max_tokens, Kt]
   int32_t* block_experts = nullptr;  // [cap/B]
   int32_t* extent = nullptr;         // [2]
+  int32_t* workspace = nullptr;      // CUDA plans: the fused router's scratch, zeroed at allocation; CPU: null
 };
 
 /// Owns a plan's buffers on one device. Allocated once (cudaMalloc on a GPU), reused by every call and by

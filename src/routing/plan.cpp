@@ -55,16 +55,24 @@ struct BufferSizes {
   int64_t groups;    // expert_counts: G
   int64_t capacity;  // sorted_slots
   int64_t blocks;    // block_experts: capacity / B
+  int64_t workspace; // the CUDA router's scratch (zeroed once here; the kernel leaves it zeroed)
 };
 
-BufferSizes buffer_sizes(const PlanShape& s) {
+BufferSizes buffer_sizes(const PlanShape& s, Device device) {
   int64_t cap = s.capacity();
-  return {s.max_tokens * s.slots(), s.groups(), cap, cap / s.block};
+  int64_t workspace = 0;
+#if MOEKIT_HAS_CUDA
+  if (device.is_cuda()) workspace = detail::route_cuda_workspace_ints(s);
+#else
+  (void)device;
+#endif
+  return {s.max_tokens * s.slots(), s.groups(), cap, cap / s.block, workspace};
 }
 
 // Byte offsets of every buffer inside the one storage block; returns the total size.
 struct Layout {
   int64_t topk_ids, topk_weights, slot_rows, expert_counts, expert_offsets, sorted_slots, block_experts, extent;
+  int64_t workspace;  // -1 when the plan has none (CPU)
   int64_t total;
 };
 
@@ -84,6 +92,7 @@ Layout layout(const BufferSizes& n) {
   l.sorted_slots = take(n.capacity);
   l.block_experts = take(n.blocks);
   l.extent = take(2);
+  l.workspace = n.workspace > 0 ? take(n.workspace) : -1;
   l.total = at;
   return l;
 }
@@ -174,7 +183,7 @@ void PlanShape::validate() const {
 
 RoutePlan::RoutePlan(const PlanShape& shape, Device device) : device_(device) {
   shape.validate();
-  const Layout l = layout(buffer_sizes(shape));
+  const Layout l = layout(buffer_sizes(shape, device));
   storage_ = allocate_storage(device, l.total);
   auto* base = static_cast<char*>(storage_);
   view_.shape = shape;
@@ -187,6 +196,7 @@ RoutePlan::RoutePlan(const PlanShape& shape, Device device) : device_(device) {
   view_.sorted_slots = reinterpret_cast<int32_t*>(base + l.sorted_slots);
   view_.block_experts = reinterpret_cast<int32_t*>(base + l.block_experts);
   view_.extent = reinterpret_cast<int32_t*>(base + l.extent);
+  view_.workspace = l.workspace < 0 ? nullptr : reinterpret_cast<int32_t*>(base + l.workspace);
 }
 
 RoutePlan::~RoutePlan() {

@@ -114,8 +114,11 @@ void route_token(const RouteArgs& a, int64_t t) {
     case RoutingMethod::softmax_topk: {
       float max = -INFINITY;
       for (int e = 0; e < E; ++e) max = nan_aware_max(max, logit[e]);
-      float sum = 0.0f;  // ascending expert order, fp32
-      for (int e = 0; e < E; ++e) sum = rm::add(sum, softmax_term(logit[e], max));
+      // The oracle sums the E terms in double, rounded once: a sequential fp32 sum over 512 terms drifts by
+      // ~1e-6 relative, as much as the tolerance GPU weights are held to.
+      double wide = 0.0;
+      for (int e = 0; e < E; ++e) wide += static_cast<double>(softmax_term(logit[e], max));
+      const float sum = static_cast<float>(wide);
       for (int j = 0; j < K; ++j) w[j] = sum != 0.0f ? rm::div(softmax_term(logit[ids[j]], max), sum) : 0.0f;
       break;
     }

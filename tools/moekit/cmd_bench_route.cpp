@@ -1,13 +1,98 @@
-// `moekit bench route`: not available in this build yet; the command exists so that --help and scripts see it.
+// `moekit bench route`: verifies the fused CUDA router against the CPU reference, then times it (cold-L2 CUPTI
+// kernel time and CUDA-graph replay) beside the ceilings measured in the same run. Fixtures (--fixtures seed6|dsv3)
+// or one custom case (--experts/--top-k/--tokens/--block/--method ...); --verify-only checks without timing.
+#include <fmt/format.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
 #include "commands.h"
+#include "moekit/bench.h"
 #include "moekit/error.h"
 
 namespace moekit::cli {
+namespace {
 
-void add_bench_route_command(CLI::App& parent) {
-  CLI::App* cmd = parent.add_subcommand("route", "(not available yet)");
-  cmd->allow_extras();
-  cmd->callback([] { throw NotSupported("bench route", "this command is not available in this build yet"); });
+struct BenchRouteArgs {
+  std::string fixtures;
+  int experts = 512, top_k = 8, shared = 0, block = 16, n_group = 1, topk_group = 1;
+  std::vector<int64_t> tokens{128};
+  std::string method = "softmax_topk", dtype = "fp32", json;
+  bool renormalize = false, bias = false, verify_only = false;
+  float scale = 1.0f;
+  int samples = 100;
+  uint64_t seed = 1;
+  std::vector<int> ctas;
+};
+
+void run(const BenchRouteArgs& a) {
+  std::vector<bench::RouteCase> cases;
+  if (!a.fixtures.empty()) {
+    for (const bench::RouteCase& c : bench::route_fixtures(a.fixtures)) cases.push_back(c);
+  } else {
+    for (int64_t t : a.tokens) {
+      bench::RouteCase c;
+      c.fixture = "custom";
+      c.cfg.method = parse_routing_method(a.method);
+      c.cfg.num_experts = a.experts;
+      c.cfg.top_k = a.top_k;
+      c.cfg.num_shared_experts = a.shared;
+      c.cfg.renormalize = a.renormalize;
+      c.cfg.n_group = a.n_group;
+      c.cfg.topk_group = a.topk_group;
+      c.cfg.routed_scaling_factor = a.scale;
+      c.cfg.validate();
+      c.tokens = t;
+      c.block = a.block;
+      c.dtype = parse_dtype(a.dtype);
+      c.bias = a.bias;
+      cases.push_back(c);
+    }
+  }
+  if (a.samples < 1) throw InvalidArgument("bench", fmt::format("samples ({}) must be >= 1", a.samples));
+  bench::Harness harness;
+  const bench::Ceilings ceilings = a.verify_only ? bench::Ceilings{} : harness.measure_ceilings();
+  bench::RouteBenchOptions opt;
+  opt.verify_only = a.verify_only;
+  opt.seed = a.seed;
+  opt.timing.samples = a.samples;
+  opt.ctas = a.ctas;
+  const std::vector<bench::RouteResult> results = bench::bench_route(harness, cases, opt, ceilings);
+  if (!a.json.empty()) {
+    std::ofstream f(a.json);
+    f << bench::route_json(results, ceilings) << "\n";
+    if (!f) throw InvalidArgument("bench", fmt::format("json path ('{}') must be writable", a.json));
+  }
+  fmt::print("{}", bench::route_markdown(results, ceilings));
+  for (const bench::RouteResult& r : results)
+    if (!r.verified) throw Internal("bench", "route plan differs from the CPU reference: " + r.mismatch);
+}
+
+}  // namespace
+
+void add_bench_route_command(CLI::App& bench) {
+  auto args = std::make_shared<BenchRouteArgs>();
+  CLI::App* cmd = bench.add_subcommand("route", "Verify, then time the fused CUDA router (logits -> route plan)");
+  cmd->add_option("--fixtures", args->fixtures, "DESIGN §11 fixtures: seed6 or dsv3 (overrides the custom case)");
+  cmd->add_option("--experts", args->experts, "E (custom case)");
+  cmd->add_option("--top-k", args->top_k, "K (custom case)");
+  cmd->add_option("--shared", args->shared, "fused shared experts S (custom case)");
+  cmd->add_option("--tokens", args->tokens, "T, one or more (custom case)");
+  cmd->add_option("--block", args->block, "plan block size B (custom case)");
+  cmd->add_option("--method", args->method, "routing method (custom case)");
+  cmd->add_option("--dtype", args->dtype, "logits dtype: fp32 or bf16 (custom case)");
+  cmd->add_option("--n-group", args->n_group, "sigmoid_grouped groups (custom case)");
+  cmd->add_option("--topk-group", args->topk_group, "sigmoid_grouped kept groups (custom case)");
+  cmd->add_option("--scale", args->scale, "routed scaling factor (custom case)");
+  cmd->add_flag("--renormalize", args->renormalize, "renormalize the K weights (custom case)");
+  cmd->add_flag("--bias", args->bias, "add a random selection bias (custom case)");
+  cmd->add_option("--ctas", args->ctas, "grid sizes to time (0 = the router's choice); default: 0");
+  cmd->add_option("--samples", args->samples, "timed samples per case (>= 100 for the medians we report)");
+  cmd->add_option("--seed", args->seed, "seed of the random logits");
+  cmd->add_option("--json", args->json, "also write the results as JSON to this path");
+  cmd->add_flag("--verify-only", args->verify_only, "only check against the CPU reference");
+  cmd->callback([args] { run(*args); });
 }
 
 }  // namespace moekit::cli

@@ -14,9 +14,7 @@ namespace moekit::detail {
 
 /// Fills `plan` (device buffers) for logits [T, E] with one kernel launch on `stream` (a cudaStream_t) and
 /// sets plan.tokens = T. No allocation, no host synchronization. Throws CudaError if the launch fails.
-/// Workspace: when RoutePlanView has a non-null `workspace` member (route_cuda_workspace_ints() int32, zeroed once
-/// when allocated) it is used; otherwise a workspace is allocated once per plan on its first call (so that first
-/// call must not be inside a CUDA-graph capture; later calls allocate nothing).
+/// Uses plan.workspace (route_cuda_workspace_ints() int32, zeroed when RoutePlan allocated it).
 void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const TensorView& bias, RoutePlanView& plan,
                 Stream stream, const TensorView& replay);
 

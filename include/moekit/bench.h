@@ -1,0 +1,134 @@
+// Benchmark harness (DESIGN §11), reused by every `moekit bench` command: verify first, then time.
+//   - kernel time: the GPU's own start/end of every kernel one call launches (CUPTI activity records), summed per
+//     call, with the L2 flushed (a buffer of 2x the L2 is written) before each sample and inputs rotated;
+//   - graph time: back-to-back CUDA-graph replays of the call, timed with events (warm, launch gaps included);
+//   - ceilings measured in the same run: device copy bandwidth and the empty-kernel costs.
+// Statistics are medians with p10/p90 over >= 100 samples. Host-only header; in a build without CUDA every entry
+// that needs a GPU throws NotSupported.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moekit/dtype.h"
+#include "moekit/routing.h"
+#include "moekit/tensor.h"
+
+namespace moekit::bench {
+
+struct TimingOptions {
+  int samples = 100;         // timed samples (>= 1); medians want >= 100
+  int warmup = 5;            // untimed calls first
+  int graph_calls = 20;      // calls captured in one graph
+  int graph_replays = 50;    // timed replays of that graph
+  bool flush_l2 = true;      // write 2x L2 before each kernel-time sample
+};
+
+struct Stats {
+  double median_us = 0, p10_us = 0, p90_us = 0, min_us = 0;
+  int samples = 0;
+};
+
+/// Median / p10 / p90 / min of `us` (nearest-rank). Empty input gives zeros.
+Stats summarize(std::vector<double> us);
+
+/// Machine ceilings, measured on the current device.
+struct Ceilings {
+  std::string device;                 // e.g. "NVIDIA H200"
+  int sm_count = 0;
+  int64_t l2_bytes = 0;
+  double copy_bytes_per_s = 0;        // large device-to-device copy, bytes read + written per second
+  double empty_kernel_us = 0;         // CUPTI duration of an empty kernel (median)
+  double empty_graph_launch_us = 0;   // per empty kernel, replayed in a CUDA graph of many
+};
+
+/// One call of the code under test: launches its kernels on `stream` with input variant `variant`.
+using LaunchFn = std::function<void(int variant, Stream stream)>;
+
+/// Owns a stream, the L2-flush buffer and the CUPTI subscription. Construct once per process (CUPTI activity
+/// tracing is process-wide); not thread-safe. Allocates at construction only.
+class Harness {
+ public:
+  /// Throws NotSupported without CUDA or without a device, CudaError when setup fails.
+  Harness();
+  ~Harness();
+  Harness(const Harness&) = delete;
+  Harness& operator=(const Harness&) = delete;
+
+  Stream stream() const;
+
+  /// Measures the ceilings (about a second of device time).
+  Ceilings measure_ceilings();
+
+  /// Cold-L2 kernel time of `fn`: per sample, sum of the durations of the kernels it launched, cycling through
+  /// `variants` inputs. Also records how many kernels one call launched (kernels_per_call()).
+  Stats kernel_time(const LaunchFn& fn, int variants, const TimingOptions& opt);
+
+  /// Per-call time of `fn` captured graph_calls times (rotating variants) into one graph, over graph_replays
+  /// event-timed replays.
+  Stats graph_time(const LaunchFn& fn, int variants, const TimingOptions& opt);
+
+  /// Kernels launched by one call in the last kernel_time() (the most seen in a sample).
+  int kernels_per_call() const;
+
+  /// "cupti", or "events (...why...)" when CUPTI delivered no usable kernel records and events were used.
+  std::string kernel_time_source() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- The router benchmark -------------------------------------------------------------------------------------
+
+struct RouteCase {
+  std::string fixture;  // "seed6", "dsv3" or "custom"
+  RoutingConfig cfg;
+  int64_t tokens = 1;
+  int block = 16;
+  DType dtype = DType::f32;
+  bool bias = false;
+};
+
+/// The router fixtures of DESIGN §11: "seed6" (E=512 softmax_topk) or "dsv3" (DeepSeek-V3 sigmoid_grouped).
+/// Throws InvalidArgument naming the valid fixtures.
+std::vector<RouteCase> route_fixtures(std::string_view name);
+
+struct RouteBenchOptions {
+  TimingOptions timing;
+  bool verify_only = false;  // check against the CPU reference, time nothing
+  uint64_t seed = 1;
+  int variants = 4;          // input sets rotated through
+  std::vector<int> ctas;     // grid sizes to time (0 = the router's own choice); empty = {0}
+};
+
+struct RouteResult {
+  RouteCase c;
+  int ctas_requested = 0, ctas = 0;  // asked (0 = heuristic) and used
+  bool verified = false;
+  std::string mismatch;              // first difference from the reference, empty when verified
+  Stats kernel, graph;
+  int kernels_per_call = 0;
+  std::string timing_source;         // "cupti", or "events (...)" when CUPTI gave no records
+  double logits_bytes = 0;
+  double floor_us = 0;               // logits bytes / copy bandwidth
+  double goal_us = 0;                // 4 for T <= 1024, 20 above (DESIGN §11)
+};
+
+/// Verifies every case against the CPU reference (ids, whole plan and replay exactly; weights within 1e-6
+/// relative, 4e-6 for softmax_topk without renormalization, whose reference sums E terms in fp32 sequentially),
+/// then times it unless verify_only. `ceilings` must come from the same harness. Throws NotSupported without CUDA.
+std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCase>& cases,
+                                     const RouteBenchOptions& opt, const Ceilings& ceilings);
+
+/// Markdown table of the results (a ceilings line first).
+std::string route_markdown(const std::vector<RouteResult>& results, const Ceilings& ceilings);
+
+/// JSON document of the results and ceilings.
+std::string route_json(const std::vector<RouteResult>& results, const Ceilings& ceilings);
+
+}  // namespace moekit::bench

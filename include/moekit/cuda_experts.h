@@ -1,0 +1,138 @@
+// bf16 expert compute on an sm90 GPU (DESIGN §5): route plan + hidden [T, H] -> out [T, H].
+// Pipeline per call, all on the caller's stream, no allocation and no host synchronization (CUDA-graph capturable):
+//   grouped path: problem shapes + pointer arrays filled on the device from the plan -> gather of hidden rows into
+//                 plan order -> GEMM1 (CUTLASS sm90 ptr-array grouped GEMM, TMA + wgmma) -> bias + gated activation
+//                 -> GEMM2 (grouped) -> deterministic fp32 combine;
+//   decode path:  a memory-bound kernel streaming the weights of each plan block with 16-byte loads (GEMM1 with
+//                 bias + activation fused, then GEMM2), then the same combine.
+// GEMM1 and GEMM2 each pick a kernel from cuda_expert_gemm_tactics(); a deterministic heuristic picks by default.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "moekit/experts.h"
+#include "moekit/plan.h"
+#include "moekit/tensor.h"
+
+namespace moekit {
+
+/// How one expert GEMM runs.
+enum class GemmKernelKind : uint8_t {
+  grouped,  // CUTLASS sm90 ptr-array grouped GEMM, device-side group sizes
+  gemv,     // memory-bound decode kernel: each CTA streams one expert's weight rows for <= 8 rows at a time
+};
+
+/// One entry of the tactic table shared by GEMM1 and GEMM2.
+struct GemmTacticInfo {
+  std::string_view name;  // e.g. "sm90_cooperative_128x128x64"
+  GemmKernelKind kind;
+  int tile_m, tile_n, tile_k;  // CTA tile of a grouped GEMM; gemv: rows per pass, columns per CTA, 0
+};
+
+/// The tactics that exist, in a fixed order; indices into this table are ExpertTactic's values.
+std::span<const GemmTacticInfo> cuda_expert_gemm_tactics();
+
+/// Kernel choice for one call: indices into cuda_expert_gemm_tactics() for GEMM1 and GEMM2; -1 lets the
+/// heuristic choose that GEMM.
+struct ExpertTactic {
+  int gemm1 = -1;
+  int gemm2 = -1;
+  friend bool operator==(const ExpertTactic&, const ExpertTactic&) = default;
+};
+
+struct CudaExpertsArgs {
+  ExpertConfig config;
+  ExpertWeights weights;   // on `device`; kept alive by the caller for the object's lifetime
+  int64_t max_tokens = 0;  // largest T of any later run(); workspace is sized for it
+  int block = 64;          // B of the plans run() will receive (the plan's padded segments)
+  Device device = Device::cuda(0);
+};
+
+/// The bf16 expert layer on one sm90 GPU. Construction validates and allocates; run() only launches kernels.
+class CudaExperts {
+ public:
+  /// Validates config and weights (validate_expert_weights, op "experts"), the 16-byte alignment of every weight
+  /// pointer (TMA and vector loads need it), max_tokens >= 1 and the block (1..256); then allocates all workspace
+  /// for max_tokens with cudaMalloc and initializes the grouped-GEMM state.
+  /// Throws InvalidArgument, NotSupported (no CUDA build, no sm90 device at args.device), CudaError.
+  explicit CudaExperts(const CudaExpertsArgs& args);
+  ~CudaExperts();
+  CudaExperts(CudaExperts&&) noexcept;
+  CudaExperts& operator=(CudaExperts&&) noexcept;
+  CudaExperts(const CudaExperts&) = delete;
+  CudaExperts& operator=(const CudaExperts&) = delete;
+
+  /// out [T, H] bf16 = experts(hidden [T, H] bf16) for the plan's T = plan.view().tokens tokens.
+  /// Preconditions (checked, InvalidArgument): plan on this device with E, K, S and B of the config; T <= max_tokens;
+  /// hidden and out contiguous bf16 on this device, 16-byte aligned, with T rows of H. Tactic indices must exist
+  /// (NotSupported lists those that do). Enqueues kernels on `stream` (a cudaStream_t); no allocation, no host
+  /// synchronization, capturable in a CUDA graph; the plan is read on the device when the kernels run, so a
+  /// graph replay picks up new routing. Throws CudaError when a launch fails.
+  void run(const RoutePlan& plan, const TensorView& hidden, const TensorView& out, Stream stream = nullptr,
+           ExpertTactic tactic = {}) const;
+
+  /// The tactic the heuristic picks for T tokens (deterministic; every field >= 0).
+  ExpertTactic default_tactic(int64_t tokens) const;
+
+  const ExpertConfig& config() const;
+  int64_t max_tokens() const;
+  /// Device bytes owned by this object (intermediate buffers, problem arrays, GEMM workspace).
+  int64_t workspace_bytes() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// ---- benchmark (`moekit bench moe`; defined in the moekit_bench library) ------------------------------------------
+
+namespace bench {
+class Harness;  // moekit/bench.h
+}
+
+struct MoeBenchOptions {
+  std::string preset;           // a name from presets()
+  std::vector<int64_t> tokens;  // T values to time
+  int samples = 100;            // cold-L2 kernel-time samples and graph replays per measurement (medians)
+  int64_t verify_tokens = 64;   // each tactic pair is verified at min(T, verify_tokens) tokens before timing
+  uint64_t seed = 1;            // weights, hidden states and logits are hash-generated from it
+  ExpertTactic tactic{};        // -1 fields: the layer's default heuristic
+};
+
+/// Ceilings measured in the same run: device copy bandwidth (bytes read + written, from the harness), cuBLAS bf16
+/// GEMM rate (8192^3, fp32 accumulation), and the per-kernel cost of an empty kernel replayed in a CUDA graph.
+struct MoeBenchCeilings {
+  double copy_tb_per_s = 0, gemm_tflop_per_s = 0, graph_launch_us = 0;
+};
+
+struct MoeBenchRow {
+  int64_t tokens = 0;
+  std::string gemm1, gemm2;     // tactic names
+  int active_experts = 0;       // local groups with at least one row
+  int kernels = 0;              // kernels one experts call launches
+  double bytes = 0, flops = 0;  // fewest bytes (active weights once, hidden in, out) and the GEMM flops
+  double floor_us = 0;          // max(bytes / copy bandwidth, flops / GEMM rate)
+  double experts_cold_us = 0, experts_graph_us = 0;              // medians: cold-L2 kernel time / graph replay
+  double route_experts_cold_us = 0, route_experts_graph_us = 0;  // router + experts
+  double verify_error = 0;      // relative Frobenius error against experts_reference
+};
+
+struct MoeBenchReport {
+  std::string preset, device, timing_source;
+  MoeBenchCeilings ceilings;
+  std::vector<MoeBenchRow> rows;
+};
+
+/// Builds the preset's layer with random weights on the harness's device, routes random logits with the GPU router,
+/// verifies every tactic pair it will time against experts_reference (relative Frobenius error <= 1e-2, else
+/// Internal), then times experts-only and route + experts: cold-L2 kernel time (harness.kernel_time) and
+/// CUDA-graph replay (harness.graph_time). Allocates freely (it is a benchmark). Throws InvalidArgument (unknown
+/// preset, bad token list or samples), NotSupported (no CUDA build or no sm90 GPU), CudaError, Internal.
+MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& options);
+
+}  // namespace moekit

@@ -1,0 +1,266 @@
+// `moekit bench moe`: the bf16 experts of one preset on the GPU, timed with the shared harness (moekit/bench.h).
+// Weights, hidden states and logits are hash-filled on the device; the GPU router builds the plan. Every tactic pair
+// that will be timed is first verified against experts_reference at min(T, verify_tokens) tokens. Then, per T:
+// experts-only and route + experts, as cold-L2 kernel time (CUPTI, summed over the call's kernels) and as CUDA-graph
+// replay. Ceilings: the harness's copy bandwidth and graph launch, plus a cuBLAS bf16 GEMM rate measured here; the
+// floor is max(bytes / copy BW, flops / GEMM rate) with bytes = active experts' weights + hidden in + out.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "moekit/bench.h"
+#include "moekit/cuda_experts.h"
+#include "moekit/device.h"
+#include "moekit/error.h"
+#include "moekit/plan.h"
+#include "moekit/presets.h"
+
+#if MOEKIT_HAS_CUDA
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "bench/moe_bench_kernels.h"
+#endif
+
+namespace moekit {
+#if MOEKIT_HAS_CUDA
+namespace {
+
+void ck(cudaError_t err, std::string_view what) {
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw CudaError("bench", fmt::format("{} failed: {}", what, cudaGetErrorString(err)));
+  }
+}
+
+struct DeviceMem {
+  void* p = nullptr;
+  explicit DeviceMem(int64_t bytes) { ck(cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 16))), "cudaMalloc"); }
+  ~DeviceMem() { cudaFree(p); }
+  DeviceMem(const DeviceMem&) = delete;
+  DeviceMem& operator=(const DeviceMem&) = delete;
+};
+
+double median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// cuBLAS bf16 GEMM 8192^3 on random data with fp32 accumulation, as CUDA-graph replays: TFLOP/s.
+double measure_gemm_rate(bench::Harness& harness) {
+  const int n = 8192;
+  cudaStream_t s = static_cast<cudaStream_t>(harness.stream());
+  DeviceMem a(int64_t{n} * n * 2), b(int64_t{n} * n * 2), d(int64_t{n} * n * 2);
+  bench_detail::fill_uniform(a.p, int64_t{n} * n, true, 1.0f, 11, s);
+  bench_detail::fill_uniform(b.p, int64_t{n} * n, true, 1.0f, 12, s);
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw CudaError("bench", "cublasCreate failed");
+  struct HandleGuard {
+    cublasHandle_t h;
+    ~HandleGuard() { cublasDestroy(h); }
+  } guard{h};
+  const float alpha = 1.0f, beta = 0.0f;
+  const bench::LaunchFn gemm = [&](int, Stream st) {
+    cublasSetStream(h, static_cast<cudaStream_t>(st));
+    if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a.p, CUDA_R_16BF, n, b.p, CUDA_R_16BF, n, &beta,
+                     d.p, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+      throw CudaError("bench", "cublasGemmEx failed");
+  };
+  gemm(0, s);  // lets cuBLAS choose and load its kernel before the capture
+  ck(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  bench::TimingOptions t;
+  t.graph_calls = 4;
+  t.graph_replays = 10;
+  const bench::Stats st = harness.graph_time(gemm, 1, t);
+  return 2.0 * n * double(n) * n / (st.median_us * 1e-6) / 1e12;
+}
+
+// Copies the device plan's arrays for its last call into a host plan of the same shape.
+void copy_plan_to_host(const RoutePlan& d, RoutePlan& h) {
+  const RoutePlanView& s = d.view();
+  RoutePlanView& v = h.mutable_view();
+  const PlanShape& ps = s.shape;
+  const int64_t t = s.tokens, kt = ps.slots(), g = ps.groups();
+  const int64_t cap = plan_capacity(t, ps.num_experts, ps.top_k, ps.num_shared_experts, ps.block);
+  auto d2h = [](void* to, const void* from, int64_t n) {
+    ck(cudaMemcpy(to, from, static_cast<size_t>(n * 4), cudaMemcpyDeviceToHost), "cudaMemcpy plan");
+  };
+  d2h(v.topk_ids, s.topk_ids, t * kt);
+  d2h(v.topk_weights, s.topk_weights, t * kt);
+  d2h(v.expert_counts, s.expert_counts, g);
+  d2h(v.expert_offsets, s.expert_offsets, g + 1);
+  d2h(v.sorted_slots, s.sorted_slots, cap);
+  d2h(v.slot_rows, s.slot_rows, t * kt);
+  d2h(v.block_experts, s.block_experts, cap / ps.block);
+  d2h(v.extent, s.extent, 2);
+  v.tokens = t;
+}
+
+std::vector<uint16_t> to_host_bf16(const void* p, int64_t n) {
+  std::vector<uint16_t> h(static_cast<size_t>(n));
+  ck(cudaMemcpy(h.data(), p, static_cast<size_t>(n * 2), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  return h;
+}
+
+}  // namespace
+
+MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
+  const Preset& preset = find_preset(o.preset);
+  if (o.tokens.empty()) throw InvalidArgument("bench", "tokens (empty) must list at least one token count");
+  for (int64_t t : o.tokens)
+    if (t < 1) throw InvalidArgument("bench", fmt::format("tokens ({}) must be >= 1", t));
+  if (o.samples < 1) throw InvalidArgument("bench", fmt::format("samples ({}) must be >= 1", o.samples));
+  int device = 0;
+  ck(cudaGetDevice(&device), "cudaGetDevice");
+  if (!device_is_sm90(device))
+    throw NotSupported("bench", fmt::format("device (cuda:{}) must be an sm_90 GPU", device));
+  const Device dev = Device::cuda(device);
+  cudaStream_t s = static_cast<cudaStream_t>(harness.stream());
+
+  const ExpertConfig& cfg = preset.experts;
+  const RoutingConfig& rcfg = preset.routing;
+  const int64_t max_t = *std::max_element(o.tokens.begin(), o.tokens.end());
+  const int64_t ew = cfg.weight_experts(), h = cfg.hidden, in = cfg.intermediate, e = cfg.num_experts;
+
+  DeviceMem w13(ew * 2 * in * h * 2), w2(ew * h * in * 2), hidden(max_t * h * 2), out(max_t * h * 2),
+      logits(max_t * e * 4), bias(e * 4), b13(ew * 2 * in * 4), b2(ew * h * 4);
+  bench_detail::fill_uniform(w13.p, ew * 2 * in * h, true, 1.0f / std::sqrt(float(h)), o.seed * 8 + 1, s);
+  bench_detail::fill_uniform(w2.p, ew * h * in, true, 1.0f / std::sqrt(float(in)), o.seed * 8 + 2, s);
+  bench_detail::fill_uniform(hidden.p, max_t * h, true, 1.0f, o.seed * 8 + 3, s);
+  bench_detail::fill_uniform(logits.p, max_t * e, false, 2.0f, o.seed * 8 + 4, s);
+  bench_detail::fill_uniform(bias.p, e, false, 0.5f, o.seed * 8 + 5, s);
+  bench_detail::fill_uniform(b13.p, ew * 2 * in, false, 0.5f, o.seed * 8 + 6, s);
+  bench_detail::fill_uniform(b2.p, ew * h, false, 0.5f, o.seed * 8 + 7, s);
+  ck(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+
+  ExpertWeights w;
+  w.w13 = TensorView::contiguous(w13.p, DType::bf16, {ew, 2 * in, h}, dev);
+  w.w2 = TensorView::contiguous(w2.p, DType::bf16, {ew, h, in}, dev);
+  if (preset.has_expert_biases) {
+    w.b13 = TensorView::contiguous(b13.p, DType::f32, {ew, 2 * in}, dev);
+    w.b2 = TensorView::contiguous(b2.p, DType::f32, {ew, h}, dev);
+  }
+  const TensorView bias_view =
+      preset.has_bias ? TensorView::contiguous(bias.p, DType::f32, {e}, dev) : TensorView{};
+  RoutePlan plan(PlanShape{max_t, rcfg.num_experts, rcfg.top_k, rcfg.num_shared_experts, preset.block}, dev);
+  CudaExperts layer({cfg, w, max_t, preset.block, dev});
+  auto rows_of = [&](const DeviceMem& m, int64_t t, int64_t cols, DType dt) {
+    return TensorView::contiguous(m.p, dt, {t, cols}, dev);
+  };
+
+  MoeBenchReport report;
+  report.preset = preset.name;
+  const bench::Ceilings hc = harness.measure_ceilings();
+  report.device = hc.device;
+  report.ceilings.copy_tb_per_s = hc.copy_bytes_per_s / 1e12;
+  report.ceilings.graph_launch_us = hc.empty_graph_launch_us;
+  report.ceilings.gemm_tflop_per_s = measure_gemm_rate(harness);
+
+  // Verification: once per (tactic pair, token count) against the CPU reference on host copies of the weights.
+  std::vector<uint16_t> hw13, hw2;
+  std::vector<float> hb13, hb2;
+  std::map<std::pair<int, int>, double> verified;
+  auto verify = [&](ExpertTactic tactic, int64_t t) {
+    const auto key = std::make_pair(tactic.gemm1 * 100 + tactic.gemm2, static_cast<int>(t));
+    if (auto it = verified.find(key); it != verified.end()) return it->second;
+    if (hw13.empty()) {
+      hw13 = to_host_bf16(w13.p, ew * 2 * in * h);
+      hw2 = to_host_bf16(w2.p, ew * h * in);
+      if (preset.has_expert_biases) {
+        hb13.resize(ew * 2 * in);
+        hb2.resize(ew * h);
+        ck(cudaMemcpy(hb13.data(), b13.p, hb13.size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
+        ck(cudaMemcpy(hb2.data(), b2.p, hb2.size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
+      }
+    }
+    route(rcfg, rows_of(logits, t, e, DType::f32), bias_view, plan, s);
+    layer.run(plan, rows_of(hidden, t, h, DType::bf16), rows_of(out, t, h, DType::bf16), s, tactic);
+    ck(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    RoutePlan hplan(PlanShape{t, rcfg.num_experts, rcfg.top_k, rcfg.num_shared_experts, preset.block},
+                    Device::cpu());
+    copy_plan_to_host(plan, hplan);
+    std::vector<uint16_t> hx = to_host_bf16(hidden.p, t * h), got = to_host_bf16(out.p, t * h), want(t * h);
+    ExpertWeights hwv;
+    hwv.w13 = TensorView::contiguous(hw13.data(), DType::bf16, {ew, 2 * in, h});
+    hwv.w2 = TensorView::contiguous(hw2.data(), DType::bf16, {ew, h, in});
+    if (preset.has_expert_biases) {
+      hwv.b13 = TensorView::contiguous(hb13.data(), DType::f32, {ew, 2 * in});
+      hwv.b2 = TensorView::contiguous(hb2.data(), DType::f32, {ew, h});
+    }
+    experts_reference(cfg, hwv, TensorView::contiguous(hx.data(), DType::bf16, {t, h}), hplan.view(),
+                      TensorView::contiguous(want.data(), DType::bf16, {t, h}));
+    double num = 0, den = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      const double a = bf16_to_float(got[i]), b = bf16_to_float(want[i]);
+      num += (a - b) * (a - b);
+      den += b * b;
+    }
+    const double err = std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+    if (!(err <= 1e-2))
+      throw Internal("bench", fmt::format("verification of tactic {}/{} at T={} failed: relative Frobenius error "
+                                          "({:.3g}) must be <= 1e-2",
+                                          tactic.gemm1, tactic.gemm2, t, err));
+    verified[key] = err;
+    return err;
+  };
+
+  const auto tactics = cuda_expert_gemm_tactics();
+  bench::TimingOptions timing;
+  timing.samples = o.samples;
+  timing.graph_replays = o.samples;
+  for (int64_t t : o.tokens) {
+    MoeBenchRow row;
+    row.tokens = t;
+    ExpertTactic tactic = layer.default_tactic(t);
+    if (o.tactic.gemm1 >= 0) tactic.gemm1 = o.tactic.gemm1;
+    if (o.tactic.gemm2 >= 0) tactic.gemm2 = o.tactic.gemm2;
+    row.verify_error = verify(tactic, std::min(t, o.verify_tokens));  // run() rejects unknown tactics first
+    row.gemm1 = tactics[tactic.gemm1].name;
+    row.gemm2 = tactics[tactic.gemm2].name;
+
+    const TensorView lv = rows_of(logits, t, e, DType::f32), hv = rows_of(hidden, t, h, DType::bf16),
+                     ov = rows_of(out, t, h, DType::bf16);
+    route(rcfg, lv, bias_view, plan, s);
+    std::vector<int32_t> counts(rcfg.num_experts + rcfg.num_shared_experts);
+    ck(cudaMemcpyAsync(counts.data(), plan.view().expert_counts, counts.size() * 4, cudaMemcpyDeviceToHost, s),
+       "cudaMemcpy counts");
+    ck(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    int64_t rows = 0;
+    for (int g = 0; g < static_cast<int>(counts.size()); ++g) {
+      const bool local = g >= e || (g >= cfg.local_expert_offset && g < cfg.local_expert_offset + cfg.local_experts());
+      if (!local || counts[g] == 0) continue;
+      ++row.active_experts;
+      rows += counts[g];
+    }
+    row.bytes = double(row.active_experts) * 3.0 * h * in * 2 + 2.0 * t * h * 2;
+    row.flops = 6.0 * double(rows) * h * in;
+    row.floor_us = std::max(row.bytes / (report.ceilings.copy_tb_per_s * 1e12),
+                            row.flops / (report.ceilings.gemm_tflop_per_s * 1e12)) * 1e6;
+
+    const bench::LaunchFn experts = [&](int, Stream st) { layer.run(plan, hv, ov, st, tactic); };
+    const bench::LaunchFn both = [&](int, Stream st) {
+      route(rcfg, lv, bias_view, plan, st);
+      layer.run(plan, hv, ov, st, tactic);
+    };
+    row.experts_cold_us = harness.kernel_time(experts, 1, timing).median_us;
+    row.kernels = harness.kernels_per_call();
+    report.timing_source = harness.kernel_time_source();
+    row.experts_graph_us = harness.graph_time(experts, 1, timing).median_us;
+    row.route_experts_cold_us = harness.kernel_time(both, 1, timing).median_us;
+    row.route_experts_graph_us = harness.graph_time(both, 1, timing).median_us;
+    report.rows.push_back(row);
+  }
+  return report;
+}
+
+#else
+MoeBenchReport bench_moe(bench::Harness&, const MoeBenchOptions&) {
+  throw NotSupported("bench", "moe benchmark (cuda) is not available: moekit was built without CUDA");
+}
+#endif
+
+}  // namespace moekit

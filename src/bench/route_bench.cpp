@@ -1,0 +1,263 @@
+// `moekit bench route`: the fused router against the CPU reference, then timed. Per case: `variants` random
+// logits sets on the device; each is routed on the GPU and on the CPU and every plan field compared; then
+// cold-L2 CUPTI kernel time and graph-replay time for each requested grid size, with the logits-read floor
+// (logits bytes / measured copy bandwidth) and the DESIGN §11 goal beside them.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "moekit/bench.h"
+#include "moekit/error.h"
+#include "moekit/plan.h"
+
+#if MOEKIT_HAS_CUDA
+#include <cuda_runtime.h>
+
+#include "routing/cuda/route_cuda.h"
+#endif
+
+namespace moekit::bench {
+namespace {
+
+RoutingConfig routing(RoutingMethod m, int e, int k, bool renorm, int ng, int tg, float scale) {
+  RoutingConfig c;
+  c.method = m;
+  c.num_experts = e;
+  c.top_k = k;
+  c.renormalize = renorm;
+  c.n_group = ng;
+  c.topk_group = tg;
+  c.routed_scaling_factor = scale;
+  return c;
+}
+
+}  // namespace
+
+std::vector<RouteCase> route_fixtures(std::string_view name) {
+  std::vector<RouteCase> v;
+  if (name == "seed6") {
+    const int tkb[6][3] = {{32, 8, 16}, {128, 8, 16}, {8, 10, 8}, {128, 10, 8}, {512, 10, 8}, {16384, 10, 8}};
+    for (const auto& x : tkb)
+      v.push_back({"seed6", routing(RoutingMethod::softmax_topk, 512, x[1], false, 1, 1, 1.0f), x[0], x[2]});
+  } else if (name == "dsv3") {
+    for (int64_t t : {1, 64, 1024, 16384})
+      v.push_back({"dsv3", routing(RoutingMethod::sigmoid_grouped, 256, 8, true, 8, 4, 2.5f), t, 64, DType::f32, true});
+  } else {
+    throw InvalidArgument("bench", fmt::format("fixtures ('{}') must be one of: seed6, dsv3", name));
+  }
+  return v;
+}
+
+std::string route_markdown(const std::vector<RouteResult>& results, const Ceilings& c) {
+  std::string s = fmt::format(
+      "{}: copy {:.2f} TB/s (read+write), empty kernel {:.2f} us (CUPTI), empty launch in a graph {:.2f} us\n\n",
+      c.device, c.copy_bytes_per_s / 1e12, c.empty_kernel_us, c.empty_graph_launch_us);
+  s += "| fixture | method | E | K | T | B | dtype | CTAs | kernels | kernel us (p10-p90) | graph us | floor us | goal us "
+       "| verified |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+  for (const RouteResult& r : results) {
+    const bool timed = r.kernel.samples > 0;
+    s += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2f} | {:.0f} | {} |\n", r.c.fixture,
+                     routing_method_name(r.c.cfg.method), r.c.cfg.num_experts, r.c.cfg.top_k, r.c.tokens, r.c.block,
+                     dtype_name(r.c.dtype), r.ctas_requested ? fmt::format("{} (forced)", r.ctas) : std::to_string(r.ctas),
+                     r.kernels_per_call,
+                     timed ? fmt::format("**{:.2f}** ({:.2f}-{:.2f})", r.kernel.median_us, r.kernel.p10_us,
+                                         r.kernel.p90_us)
+                           : std::string("-"),
+                     timed ? fmt::format("{:.2f}", r.graph.median_us) : std::string("-"), r.floor_us, r.goal_us,
+                     r.verified ? "yes" : "NO: " + r.mismatch);
+  }
+  for (const RouteResult& r : results)
+    if (r.kernel.samples > 0 && r.timing_source != "cupti") {
+      s += "\nKernel time from " + r.timing_source + ".\n";
+      break;
+    }
+  return s;
+}
+
+std::string route_json(const std::vector<RouteResult>& results, const Ceilings& c) {
+  nlohmann::json j;
+  j["ceilings"] = {{"device", c.device},
+                   {"sm_count", c.sm_count},
+                   {"l2_bytes", c.l2_bytes},
+                   {"copy_bytes_per_s", c.copy_bytes_per_s},
+                   {"empty_kernel_us", c.empty_kernel_us},
+                   {"empty_graph_launch_us", c.empty_graph_launch_us}};
+  auto stats = [](const Stats& s) {
+    return nlohmann::json{{"median_us", s.median_us}, {"p10_us", s.p10_us}, {"p90_us", s.p90_us},
+                          {"min_us", s.min_us},       {"samples", s.samples}};
+  };
+  j["results"] = nlohmann::json::array();
+  for (const RouteResult& r : results)
+    j["results"].push_back({{"fixture", r.c.fixture},
+                            {"method", routing_method_name(r.c.cfg.method)},
+                            {"experts", r.c.cfg.num_experts},
+                            {"top_k", r.c.cfg.top_k},
+                            {"shared", r.c.cfg.num_shared_experts},
+                            {"tokens", r.c.tokens},
+                            {"block", r.c.block},
+                            {"dtype", dtype_name(r.c.dtype)},
+                            {"bias", r.c.bias},
+                            {"ctas_requested", r.ctas_requested},
+                            {"ctas", r.ctas},
+                            {"verified", r.verified},
+                            {"mismatch", r.mismatch},
+                            {"kernels_per_call", r.kernels_per_call},
+                            {"timing_source", r.timing_source},
+                            {"kernel", stats(r.kernel)},
+                            {"graph", stats(r.graph)},
+                            {"logits_bytes", r.logits_bytes},
+                            {"floor_us", r.floor_us},
+                            {"goal_us", r.goal_us}});
+  return j.dump(2);
+}
+
+#if MOEKIT_HAS_CUDA
+namespace {
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw CudaError("bench", std::string(what) + " failed: " + cudaGetErrorString(e));
+}
+
+struct DeviceMemory {
+  void* ptr = nullptr;
+  explicit DeviceMemory(size_t bytes) { check(cudaMalloc(&ptr, bytes ? bytes : 16), "cudaMalloc"); }
+  ~DeviceMemory() { cudaFree(ptr); }
+  DeviceMemory(const DeviceMemory&) = delete;
+  DeviceMemory& operator=(const DeviceMemory&) = delete;
+};
+
+template <class T>
+std::vector<T> download(const T* src, int64_t n) {
+  std::vector<T> v(static_cast<size_t>(n));
+  if (n > 0) check(cudaMemcpy(v.data(), src, n * sizeof(T), cudaMemcpyDeviceToHost), "cudaMemcpy(plan)");
+  return v;
+}
+
+template <class T>
+std::string first_difference(const char* field, const std::vector<T>& got, const T* want) {
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i]) return fmt::format("{}[{}] = {}, reference {}", field, i, got[i], want[i]);
+  return {};
+}
+
+// Compares the GPU plan (and replay) with the reference; returns the first difference or "".
+std::string compare(const RouteCase& c, const RoutePlanView& gpu, const RoutePlanView& ref,
+                    const std::vector<int16_t>& replay_gpu, const std::vector<int16_t>& replay_ref) {
+  const PlanShape& s = gpu.shape;
+  const int64_t T = c.tokens, n = T * s.slots();
+  const int64_t cap = plan_capacity(T, s.num_experts, s.top_k, s.num_shared_experts, s.block);
+  std::string d;
+  if (!(d = first_difference("topk_ids", download(gpu.topk_ids, n), ref.topk_ids)).empty()) return d;
+  const double tol = c.cfg.method == RoutingMethod::softmax_topk && !c.cfg.renormalize ? 4e-6 : 1e-6;
+  const std::vector<float> w = download(gpu.topk_weights, n);
+  for (int64_t i = 0; i < n; ++i)
+    if (!(std::fabs(static_cast<double>(w[i]) - ref.topk_weights[i]) <= tol * std::fabs(ref.topk_weights[i])))
+      return fmt::format("topk_weights[{}] = {}, reference {}", i, w[i], ref.topk_weights[i]);
+  if (!(d = first_difference("expert_counts", download(gpu.expert_counts, s.groups()), ref.expert_counts)).empty()) return d;
+  if (!(d = first_difference("expert_offsets", download(gpu.expert_offsets, s.groups() + 1), ref.expert_offsets)).empty())
+    return d;
+  if (!(d = first_difference("sorted_slots", download(gpu.sorted_slots, cap), ref.sorted_slots)).empty()) return d;
+  if (!(d = first_difference("slot_rows", download(gpu.slot_rows, n), ref.slot_rows)).empty()) return d;
+  if (!(d = first_difference("block_experts", download(gpu.block_experts, cap / s.block), ref.block_experts)).empty())
+    return d;
+  if (!(d = first_difference("extent", download(gpu.extent, 2), ref.extent)).empty()) return d;
+  return first_difference("replay", replay_gpu, replay_ref.data());
+}
+
+}  // namespace
+
+std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCase>& cases,
+                                     const RouteBenchOptions& opt, const Ceilings& ceilings) {
+  std::vector<RouteResult> out;
+  const std::vector<int> grids = opt.ctas.empty() ? std::vector<int>{0} : opt.ctas;
+  const Stream stream = harness.stream();
+  uint64_t seed = opt.seed;
+  for (const RouteCase& c : cases) {
+    const int E = c.cfg.num_experts, K = c.cfg.top_k;
+    const int64_t T = c.tokens, elems = T * E;
+    const size_t esz = static_cast<size_t>(dtype_size(c.dtype));
+    const int variants = std::max(1, opt.variants);
+    const PlanShape shape{T, E, K, c.cfg.num_shared_experts, c.block};
+    RoutePlan plan(shape, Device::cuda());
+    RoutePlan ref(shape, Device::cpu());
+
+    std::mt19937_64 rng(seed++);
+    std::normal_distribution<float> normal(0.0f, 2.0f), small(0.0f, 0.05f);
+    std::vector<float> bias(static_cast<size_t>(E));
+    for (float& b : bias) b = small(rng);
+    DeviceMemory d_bias(bias.size() * 4);
+    check(cudaMemcpy(d_bias.ptr, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy(bias)");
+    const TensorView bias_dev = c.bias ? TensorView::contiguous(d_bias.ptr, DType::f32, {E}, Device::cuda()) : TensorView{};
+    const TensorView bias_host = c.bias ? TensorView::contiguous(bias.data(), DType::f32, {E}) : TensorView{};
+    DeviceMemory d_replay(static_cast<size_t>(T * K) * 2);
+    const TensorView replay_dev = TensorView::contiguous(d_replay.ptr, DType::i16, {T, K}, Device::cuda());
+
+    std::vector<std::unique_ptr<DeviceMemory>> logits;
+    std::string mismatch;
+    for (int v = 0; v < variants; ++v) {
+      std::vector<float> x(static_cast<size_t>(elems));
+      for (float& f : x) f = normal(rng);
+      std::vector<uint16_t> x16;
+      if (c.dtype == DType::bf16) {
+        x16.resize(x.size());
+        for (size_t i = 0; i < x.size(); ++i) x16[i] = float_to_bf16(x[i]);
+      }
+      const void* host = c.dtype == DType::bf16 ? static_cast<const void*>(x16.data()) : x.data();
+      logits.push_back(std::make_unique<DeviceMemory>(static_cast<size_t>(elems) * esz));
+      check(cudaMemcpy(logits.back()->ptr, host, static_cast<size_t>(elems) * esz, cudaMemcpyHostToDevice),
+            "cudaMemcpy(logits)");
+      // Verify this variant.
+      check(cudaMemset(plan.view().sorted_slots, 0xa5, shape.capacity() * 4), "poison");
+      route(c.cfg, TensorView::contiguous(logits.back()->ptr, c.dtype, {T, E}, Device::cuda()), bias_dev, plan, stream,
+            replay_dev);
+      check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "route");
+      std::vector<int16_t> replay_ref(static_cast<size_t>(T * K));
+      route(c.cfg, TensorView::contiguous(const_cast<void*>(host), c.dtype, {T, E}), bias_host, ref, nullptr,
+            TensorView::contiguous(replay_ref.data(), DType::i16, {T, K}));
+      if (mismatch.empty())
+        mismatch = compare(c, plan.view(), ref.view(), download(static_cast<const int16_t*>(d_replay.ptr), T * K),
+                           replay_ref);
+    }
+
+    for (int grid : grids) {
+      RouteResult r;
+      r.c = c;
+      r.ctas_requested = grid;
+      r.verified = mismatch.empty();
+      r.mismatch = mismatch;
+      r.logits_bytes = static_cast<double>(elems * esz);
+      r.floor_us = ceilings.copy_bytes_per_s > 0 ? r.logits_bytes / ceilings.copy_bytes_per_s * 1e6 : 0;
+      r.goal_us = T <= 1024 ? 4.0 : 20.0;
+      detail::set_route_cuda_tuning({grid});
+      const LaunchFn call = [&](int v, Stream s) {
+        route(c.cfg, TensorView::contiguous(logits[static_cast<size_t>(v)]->ptr, c.dtype, {T, E}, Device::cuda()),
+              bias_dev, plan, s, replay_dev);
+      };
+      call(0, stream);
+      r.ctas = detail::route_cuda_last_ctas();
+      if (!opt.verify_only && r.verified) {
+        r.kernel = harness.kernel_time(call, variants, opt.timing);
+        r.kernels_per_call = harness.kernels_per_call();
+        r.timing_source = harness.kernel_time_source();
+        r.graph = harness.graph_time(call, variants, opt.timing);
+      }
+      detail::set_route_cuda_tuning({});
+      out.push_back(std::move(r));
+    }
+  }
+  return out;
+}
+
+#else
+
+std::vector<RouteResult> bench_route(Harness&, const std::vector<RouteCase>&, const RouteBenchOptions&,
+                                     const Ceilings&) {
+  throw NotSupported("bench", "this build of moekit has no CUDA support (needed for bench route)");
+}
+
+#endif
+
+}  // namespace moekit::bench

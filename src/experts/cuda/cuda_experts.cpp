@@ -1,0 +1,296 @@
+// CudaExperts: validation, the tactic table and its heuristic, workspace for max_tokens (one cudaMalloc at
+// construction), and run(), which only enqueues kernels: fill grouped-GEMM arrays (when a grouped GEMM runs),
+// gather + GEMM1 + activation or the fused decode GEMV, GEMM2 (grouped or GEMV), combine. Intermediates are bf16
+// in the plan's padded row order: a1/y [cap, H] (one buffer: a1 is dead once GEMM1 has run), c1 [cap, 2I],
+// act [cap, I].
+#include "moekit/cuda_experts.h"
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <array>
+#include <climits>
+#include <string>
+
+#include "experts/cuda/experts_kernels.h"
+#include "moekit/device.h"
+#include "moekit/error.h"
+
+namespace moekit {
+namespace {
+
+using detail::GroupedGemmOps;
+
+constexpr std::array<GemmTacticInfo, 4> kTactics{{
+    {"gemv_8rows", GemmKernelKind::gemv, 8, 16, 0},
+    {"sm90_pingpong_64x128x64", GemmKernelKind::grouped, 64, 128, 64},
+    {"sm90_cooperative_128x128x64", GemmKernelKind::grouped, 128, 128, 64},
+    {"sm90_cooperative_128x256x64", GemmKernelKind::grouped, 128, 256, 64},
+}};
+// The instantiation behind each grouped entry of kTactics (nullptr for the GEMV).
+constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGroupedOps{
+    nullptr, &detail::sm90_grouped_gemm_pingpong_64x128x64, &detail::sm90_grouped_gemm_cooperative_128x128x64,
+    &detail::sm90_grouped_gemm_cooperative_128x256x64};
+
+// Default heuristic, by the rows an expert is expected to get: the average over active routed experts,
+// ceil(T*K / min(E, T*K)), raised to ceil(T/4) when shared experts (T rows each) are fused. Fitted to the H200
+// sweeps in docs/benchmarks.md: the GEMV wins only at ~1 row per expert; 64-row pingpong tiles up to ~64 rows;
+// 128x128 cooperative tiles up to ~256; above, 128x256 tiles for GEMM1 (its N = 2I is the wider one).
+struct HeuristicRule {
+  int64_t max_rows_per_expert;
+  int gemm1, gemm2;
+};
+constexpr std::array<HeuristicRule, 4> kHeuristic{{
+    {1, 0, 0},
+    {64, 1, 1},
+    {256, 2, 2},
+    {INT64_MAX, 3, 2},
+}};
+
+constexpr int64_t kAlign = 256;
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+void cuda_check(cudaError_t err, std::string_view call) {
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw CudaError("experts", fmt::format("{} failed: {}", call, cudaGetErrorString(err)));
+  }
+}
+
+void check_aligned(const TensorView& t, std::string_view name) {
+  if (t.present() && reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+    throw InvalidArgument("experts", fmt::format("{} data ({}) must be 16-byte aligned", name, t.data));
+}
+
+std::string tactic_list() {
+  std::string s;
+  for (size_t i = 0; i < kTactics.size(); ++i) s += fmt::format("{}{}: {}", i ? ", " : "", i, kTactics[i].name);
+  return s;
+}
+
+void check_tactic(int index, std::string_view which) {
+  if (index < 0 || index >= static_cast<int>(kTactics.size()))
+    throw NotSupported("experts", fmt::format("{} tactic ({}) must be one of: {}", which, index, tactic_list()));
+}
+
+detail::BiasRef bias_ref(const TensorView& b) {
+  return {b.present() ? b.data : nullptr, b.dtype == DType::bf16};
+}
+
+}  // namespace
+
+void detail::check_launch(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    throw CudaError("experts", fmt::format("{} launch failed: {}", what, cudaGetErrorString(err)));
+}
+
+std::span<const GemmTacticInfo> cuda_expert_gemm_tactics() { return kTactics; }
+
+struct CudaExperts::Impl {
+  ExpertConfig cfg;
+  ExpertWeights w;
+  int64_t max_tokens = 0;
+  int block = 0;
+  Device device;
+  int sm_count = 0;
+  int groups = 0;  // G = E + S
+  int64_t bytes = 0;
+  void* storage = nullptr;
+  void* a1y = nullptr;  // [cap, H]
+  void* c1 = nullptr;   // [cap, 2I]
+  void* act = nullptr;  // [cap, I]
+  detail::GroupedGemmArgs gemm1, gemm2;
+  std::array<GroupedGemmOps, kTactics.size()> ops{};
+
+  ~Impl() {
+    if (storage != nullptr) cudaFree(storage);  // errors ignored: a destructor must not throw
+  }
+};
+
+CudaExperts::CudaExperts(const CudaExpertsArgs& a) : impl_(std::make_unique<Impl>()) {
+  Impl& m = *impl_;
+  validate_expert_weights(a.config, a.weights, a.device);
+  check_aligned(a.weights.w13, "w13");
+  check_aligned(a.weights.w2, "w2");
+  if (a.weights.b13.present() && reinterpret_cast<uintptr_t>(a.weights.b13.data) % 4 != 0)
+    throw InvalidArgument("experts", fmt::format("b13 data ({}) must be 4-byte aligned", a.weights.b13.data));
+  if (a.weights.b2.present() && reinterpret_cast<uintptr_t>(a.weights.b2.data) % 4 != 0)
+    throw InvalidArgument("experts", fmt::format("b2 data ({}) must be 4-byte aligned", a.weights.b2.data));
+  if (a.max_tokens < 1) throw InvalidArgument("experts", fmt::format("max_tokens ({}) must be >= 1", a.max_tokens));
+  if (a.block < 1 || a.block > kMaxBlock)
+    throw InvalidArgument("experts", fmt::format("block ({}) must be in [1, {}]", a.block, kMaxBlock));
+  if (!a.device.is_cuda() || !device_is_sm90(a.device.index))
+    throw NotSupported("experts", fmt::format("device ({}) must be an sm_90 GPU", device_name(a.device)));
+
+  m.cfg = a.config;
+  m.w = a.weights;
+  m.max_tokens = a.max_tokens;
+  m.block = a.block;
+  m.device = a.device;
+  m.sm_count = device_info(a.device.index).sm_count;
+  m.groups = a.config.num_experts + a.config.num_shared_experts;
+  for (size_t i = 0; i < kTactics.size(); ++i)
+    if (kGroupedOps[i] != nullptr) m.ops[i] = kGroupedOps[i]();
+
+  const ExpertConfig& c = m.cfg;
+  const int64_t cap =
+      plan_capacity(a.max_tokens, c.num_experts, c.top_k, c.num_shared_experts, a.block);
+  const int64_t h = c.hidden, in = c.intermediate, g = m.groups;
+  const detail::GroupedArraySizes sz = detail::grouped_array_sizes();
+  size_t gemm_ws = 0;
+  for (const GroupedGemmOps& op : m.ops)
+    if (op.workspace_size != nullptr) gemm_ws = std::max(gemm_ws, op.workspace_size(m.groups, m.sm_count));
+
+  // Carve every buffer from one allocation, each 256-byte aligned.
+  int64_t at = 0;
+  auto take = [&](int64_t n) {
+    const int64_t here = at;
+    at += round_up(std::max<int64_t>(n, 1), kAlign);
+    return here;
+  };
+  const int64_t o_a1y = take(cap * h * 2), o_c1 = take(cap * 2 * in * 2), o_act = take(cap * in * 2);
+  struct ArrayOffsets {
+    int64_t shapes, a, b, d, sa, sb, sd;
+  };
+  auto take_arrays = [&] {
+    return ArrayOffsets{take(g * static_cast<int64_t>(sz.problem_shape)), take(g * 8), take(g * 8), take(g * 8),
+                        take(g * static_cast<int64_t>(sz.stride_a)), take(g * static_cast<int64_t>(sz.stride_b)),
+                        take(g * static_cast<int64_t>(sz.stride_d))};
+  };
+  const ArrayOffsets o1 = take_arrays(), o2 = take_arrays();
+  const int64_t o_ws = take(static_cast<int64_t>(gemm_ws));
+  m.bytes = at;
+
+  int previous = 0;
+  cuda_check(cudaGetDevice(&previous), "cudaGetDevice");
+  cuda_check(cudaSetDevice(a.device.index), "cudaSetDevice");
+  const cudaError_t err = cudaMalloc(&m.storage, static_cast<size_t>(m.bytes));
+  cudaSetDevice(previous);
+  cuda_check(err, fmt::format("cudaMalloc({} bytes)", m.bytes));
+
+  char* base = static_cast<char*>(m.storage);
+  m.a1y = base + o_a1y;
+  m.c1 = base + o_c1;
+  m.act = base + o_act;
+  auto bind = [&](detail::GroupedGemmArgs& ga, const ArrayOffsets& o) {
+    ga.groups = m.groups;
+    ga.problem_shapes = base + o.shapes;
+    ga.ptr_a = reinterpret_cast<const void**>(base + o.a);
+    ga.ptr_b = reinterpret_cast<const void**>(base + o.b);
+    ga.ptr_d = reinterpret_cast<void**>(base + o.d);
+    ga.stride_a = base + o.sa;
+    ga.stride_b = base + o.sb;
+    ga.stride_d = base + o.sd;
+    ga.workspace = gemm_ws > 0 ? base + o_ws : nullptr;
+    ga.sm_count = m.sm_count;
+  };
+  bind(m.gemm1, o1);
+  bind(m.gemm2, o2);
+}
+
+CudaExperts::~CudaExperts() = default;
+CudaExperts::CudaExperts(CudaExperts&&) noexcept = default;
+CudaExperts& CudaExperts::operator=(CudaExperts&&) noexcept = default;
+
+const ExpertConfig& CudaExperts::config() const { return impl_->cfg; }
+int64_t CudaExperts::max_tokens() const { return impl_->max_tokens; }
+int64_t CudaExperts::workspace_bytes() const { return impl_->bytes; }
+
+ExpertTactic CudaExperts::default_tactic(int64_t tokens) const {
+  const ExpertConfig& c = impl_->cfg;
+  const int64_t t = std::max<int64_t>(tokens, 1), routed = t * c.top_k;
+  const int64_t active = std::min<int64_t>(c.num_experts, routed);
+  const int64_t rows = std::max((routed + active - 1) / active, c.num_shared_experts > 0 ? (t + 3) / 4 : int64_t{0});
+  for (const HeuristicRule& r : kHeuristic)
+    if (rows <= r.max_rows_per_expert) return {r.gemm1, r.gemm2};
+  return {kHeuristic.back().gemm1, kHeuristic.back().gemm2};
+}
+
+void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const TensorView& out, Stream stream,
+                      ExpertTactic tactic) const {
+  const Impl& m = *impl_;
+  const ExpertConfig& c = m.cfg;
+  const PlanShape& ps = plan.shape();
+  const RoutePlanView& pv = plan.view();
+  if (!(plan.device() == m.device))
+    throw InvalidArgument("experts", fmt::format("plan device ({}) must be {}", device_name(plan.device()),
+                                                 device_name(m.device)));
+  auto require_equal = [](std::string_view field, int64_t plan_value, int64_t value, std::string_view of) {
+    if (plan_value != value)
+      throw InvalidArgument("experts",
+                            fmt::format("plan {} ({}) must equal the {} ({})", field, plan_value, of, value));
+  };
+  require_equal("num_experts", ps.num_experts, c.num_experts, "expert config's num_experts");
+  require_equal("top_k", ps.top_k, c.top_k, "expert config's top_k");
+  require_equal("num_shared_experts", ps.num_shared_experts, c.num_shared_experts,
+                "expert config's num_shared_experts");
+  require_equal("block", ps.block, m.block, "layer's block");
+  const int64_t t = pv.tokens;
+  if (t > m.max_tokens)
+    throw InvalidArgument("experts", fmt::format("plan tokens ({}) must be <= max_tokens ({})", t, m.max_tokens));
+  auto check_act = [&](const TensorView& v, std::string_view name) {
+    const bool ok = v.present() && v.ndim == 2 && v.shape[0] == t && v.shape[1] == c.hidden &&
+                    v.dtype == DType::bf16 && v.is_contiguous() && v.device == m.device &&
+                    (t == 0 || v.data != nullptr);
+    if (!ok)
+      throw InvalidArgument("experts", fmt::format("{} ({}) must be [T, H] = [{}, {}] bf16 contiguous on {}", name,
+                                                   v.present() ? v.describe() : "absent", t, c.hidden,
+                                                   device_name(m.device)));
+    check_aligned(v, name);
+  };
+  check_act(hidden, "hidden");
+  check_act(out, "out");
+  const ExpertTactic def = default_tactic(t);
+  if (tactic.gemm1 < 0) tactic.gemm1 = def.gemm1;
+  if (tactic.gemm2 < 0) tactic.gemm2 = def.gemm2;
+  check_tactic(tactic.gemm1, "gemm1");
+  check_tactic(tactic.gemm2, "gemm2");
+  if (t == 0) return;
+
+  detail::PlanArrays pa{pv.topk_ids,  pv.topk_weights,  pv.expert_counts, pv.expert_offsets, pv.sorted_slots,
+                        pv.slot_rows, pv.block_experts, pv.extent,        t,
+                        ps.slots(),   ps.groups(),      ps.block,         0};
+  pa.capacity = plan_capacity(t, c.num_experts, c.top_k, c.num_shared_experts, ps.block);
+  const detail::ExpertMap map{c.num_experts, c.local_expert_offset, c.local_experts()};
+  const bool grouped1 = kTactics[tactic.gemm1].kind == GemmKernelKind::grouped;
+  const bool grouped2 = kTactics[tactic.gemm2].kind == GemmKernelKind::grouped;
+
+  int previous = 0;
+  cuda_check(cudaGetDevice(&previous), "cudaGetDevice");
+  if (previous != m.device.index) cuda_check(cudaSetDevice(m.device.index), "cudaSetDevice");
+  struct Restore {
+    int previous, current;
+    ~Restore() {
+      if (previous != current) cudaSetDevice(previous);
+    }
+  } restore{previous, m.device.index};
+
+  if (grouped1 || grouped2) {
+    detail::FillProblemsParams f{pa, map, c.hidden, c.intermediate, m.w.w13.data, m.w.w2.data, m.a1y, m.c1,
+                                 m.act, m.a1y, m.gemm1, m.gemm2};
+    detail::launch_fill_problems(f, stream);
+  }
+  if (grouped1) {
+    detail::launch_gather({pa, map, hidden.data, m.a1y, c.hidden}, stream);
+    m.ops[tactic.gemm1].run(m.gemm1, stream);
+    detail::ActivationKernelParams ap{pa, map, m.c1, m.act, bias_ref(m.w.b13), c.intermediate, c.activation,
+                                      c.gate_up, c.act};
+    detail::launch_activation(ap, stream);
+  } else {
+    detail::GemvParams gp{pa, map, true, hidden.data, m.w.w13.data, m.act, c.hidden, c.intermediate,
+                          bias_ref(m.w.b13), c.activation, c.gate_up, c.act};
+    detail::launch_gemv(gp, stream);
+  }
+  if (grouped2) {
+    m.ops[tactic.gemm2].run(m.gemm2, stream);
+  } else {
+    detail::GemvParams gp{pa, map, false, m.act, m.w.w2.data, m.a1y, c.intermediate, c.hidden, {},
+                          c.activation, c.gate_up, c.act};
+    detail::launch_gemv(gp, stream);
+  }
+  detail::launch_combine({pa, map, m.a1y, bias_ref(m.w.b2), out.data, c.hidden}, stream);
+}
+
+}  // namespace moekit

@@ -1,0 +1,134 @@
+// Decode path: expert GEMMs for a few rows per expert, memory-bound on the weights. One CTA per (plan block,
+// slice of output columns); each warp owns two weight rows (GEMM1: gate(i) and up(i), so bias + activation fuse
+// into its epilogue; GEMM2: two output columns) and streams them with 16-byte non-coherent loads while the block's
+// rows (up to kRows per pass) are read from L1/L2. A plan block belongs to one expert (segments are padded to B),
+// so the block index gives the expert and its rows; blocks of padding, of other ranks or past the extent exit.
+#include <cuda_runtime.h>
+
+#include "experts/cuda/experts_device.cuh"
+
+namespace moekit::detail {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kRows = 8;   // rows per pass over the weights
+constexpr int kDepth = 4;  // k-steps of weight loads issued together
+
+// Weights are read once: non-coherent, and not kept in L1 (the x rows are what L1 should hold).
+__device__ __forceinline__ uint4 load_stream(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ void dot8(float& acc, const uint4& w, const uint4& x) {
+  const __nv_bfloat162* wh = reinterpret_cast<const __nv_bfloat162*>(&w);
+  const __nv_bfloat162* xh = reinterpret_cast<const __nv_bfloat162*>(&x);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = __bfloat1622float2(wh[i]);
+    const float2 b = __bfloat1622float2(xh[i]);
+    acc = fmaf(a.x, b.x, acc);
+    acc = fmaf(a.y, b.y, acc);
+  }
+}
+
+__global__ void __launch_bounds__(kWarps * 32) expert_gemv_kernel(GemvParams p) {
+  const int64_t block = blockIdx.x;
+  const int64_t B = p.plan.block;
+  if (block * B >= p.plan.extent[0]) return;
+  const int expert = p.plan.block_experts[block];
+  if (expert < 0) return;
+  const int local = local_expert(p.map, expert);
+  if (local < 0) return;
+  const int64_t row_begin = block * B;
+  const int64_t row_end =
+      min(row_begin + B, static_cast<int64_t>(p.plan.expert_offsets[expert]) + p.plan.expert_counts[expert]);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int pair = blockIdx.y * kWarps + warp;  // gated: output column i; plain: columns 2*pair, 2*pair+1
+  const int pairs = p.gated ? p.n_out : p.n_out / 2;
+  if (pair >= pairs) return;
+  const int k = p.k;
+  const int rows_w = p.gated ? 2 * p.n_out : p.n_out;  // weight rows per expert
+  const int c0 = p.gated ? gate_column(p.layout, pair, p.n_out) : 2 * pair;
+  const int c1 = p.gated ? up_column(p.layout, pair, p.n_out) : 2 * pair + 1;
+  const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(p.w) + static_cast<int64_t>(local) * rows_w * k;
+  const __nv_bfloat16* w0 = w + static_cast<int64_t>(c0) * k;
+  const __nv_bfloat16* w1 = w + static_cast<int64_t>(c1) * k;
+  const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.x);
+
+  for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
+    const int nr = static_cast<int>(min(static_cast<int64_t>(kRows), row_end - r0));
+    const __nv_bfloat16* xr[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t row = r0 + min(r, nr - 1);
+      const int64_t src = p.gated ? p.plan.sorted_slots[row] / p.plan.slots : row;
+      xr[r] = x + src * k;
+    }
+    float acc0[kRows] = {}, acc1[kRows] = {};
+    // kDepth 16-byte weight loads per row in flight before the first FMA (the weights are the only DRAM stream).
+    for (int k0 = lane * 8; k0 < k; k0 += 32 * 8 * kDepth) {
+      uint4 wa[kDepth], wb[kDepth];
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {
+        const int kk = k0 + d * 32 * 8;
+        wa[d] = kk < k ? load_stream(w0 + kk) : make_uint4(0, 0, 0, 0);
+        wb[d] = kk < k ? load_stream(w1 + kk) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) {
+        const int kk = k0 + d * 32 * 8;
+        if (kk >= k) continue;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          if (r < nr) {
+            const uint4 xv = *reinterpret_cast<const uint4*>(xr[r] + kk);
+            dot8(acc0[r], wa[d], xv);
+            dot8(acc1[r], wb[d], xv);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int s = 16; s > 0; s /= 2) {
+        acc0[r] += __shfl_xor_sync(0xffffffffu, acc0[r], s);
+        acc1[r] += __shfl_xor_sync(0xffffffffu, acc1[r], s);
+      }
+    }
+    // Lane r writes row r: no runtime indexing of the accumulator arrays (they stay in registers).
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (lane != r || r >= nr) continue;
+      const int64_t row = r0 + r;
+      if (p.gated) {
+        const int64_t bias = static_cast<int64_t>(local) * rows_w;
+        const float g = acc0[r] + load_bias(p.b13, bias + c0);
+        const float u = acc1[r] + load_bias(p.b13, bias + c1);
+        static_cast<__nv_bfloat16*>(p.out)[row * p.n_out + pair] =
+            __float2bfloat16_rn(gated_activation(p.activation, p.act_params, g, u));
+      } else {
+        reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + row * p.n_out)[pair] =
+            __floats2bfloat162_rn(acc0[r], acc1[r]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void launch_gemv(const GemvParams& p, Stream stream) {
+  const int64_t blocks = p.plan.capacity / p.plan.block;
+  if (blocks == 0) return;
+  const int pairs = p.gated ? p.n_out : p.n_out / 2;
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((pairs + kWarps - 1) / kWarps));
+  expert_gemv_kernel<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  check_launch("expert_gemv_kernel");
+}
+
+}  // namespace moekit::detail

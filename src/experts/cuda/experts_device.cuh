@@ -1,0 +1,86 @@
+// Device helpers shared by the expert kernels: the global-id -> weight-index map, 8 x bf16 (16-byte) vector
+// loads and stores, bias reads in either dtype, the gate/up column mapping of each w13 layout, and the gated
+// activations (the same definitions as moekit::apply_activation, with fast exp/tanh: error far under bf16).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "experts/cuda/experts_kernels.h"
+
+namespace moekit::detail {
+
+__device__ __forceinline__ int local_expert(const ExpertMap& m, int id) {
+  if (id >= m.num_experts) return m.local_count + (id - m.num_experts);  // shared expert
+  const int l = id - m.local_offset;
+  return (l >= 0 && l < m.local_count) ? l : -1;
+}
+
+/// A row r of the plan's grouped order belongs to a slot of a local expert (not padding, not another rank).
+/// Returns that local expert or -1.
+__device__ __forceinline__ int row_local_expert(const PlanArrays& p, const ExpertMap& m, int64_t row) {
+  if (row >= p.extent[0]) return -1;
+  const int slot = p.sorted_slots[row];
+  if (slot < 0 || slot >= p.tokens * p.slots) return -1;
+  return local_expert(m, p.topk_ids[slot]);
+}
+
+struct Bf16x8 {
+  float v[8];
+};
+
+__device__ __forceinline__ Bf16x8 load_bf16x8(const void* p) {
+  const uint4 raw = *static_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+  Bf16x8 r;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    r.v[2 * i] = f.x;
+    r.v[2 * i + 1] = f.y;
+  }
+  return r;
+}
+
+__device__ __forceinline__ void store_bf16x8(void* p, const float (&v)[8]) {
+  uint4 raw;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+  *static_cast<uint4*>(p) = raw;
+}
+
+__device__ __forceinline__ float load_bias(const BiasRef& b, int64_t index) {
+  if (b.data == nullptr) return 0.0f;
+  if (b.is_bf16) return __bfloat162float(static_cast<const __nv_bfloat16*>(b.data)[index]);
+  return static_cast<const float*>(b.data)[index];
+}
+
+/// Column of gate(i) and up(i) inside the 2I outputs of GEMM1.
+__device__ __forceinline__ int gate_column(GateUpLayout l, int i, int inter) {
+  return l == GateUpLayout::gate_first ? i : (l == GateUpLayout::up_first ? inter + i : 2 * i);
+}
+__device__ __forceinline__ int up_column(GateUpLayout l, int i, int inter) {
+  return l == GateUpLayout::gate_first ? inter + i : (l == GateUpLayout::up_first ? i : 2 * i + 1);
+}
+
+__device__ __forceinline__ float sigmoid_fast(float x) { return 1.0f / (1.0f + __expf(-x)); }
+
+__device__ __forceinline__ float gated_activation(Activation a, const ActivationParams& p, float gate, float up) {
+  switch (a) {
+    case Activation::silu_gated: return gate * sigmoid_fast(gate) * up;
+    case Activation::swiglu_clamped: {
+      const float g = fminf(gate, p.limit);
+      const float u = fminf(fmaxf(up, -p.limit), p.limit);
+      return g * sigmoid_fast(p.alpha * g) * (u + p.beta);
+    }
+    case Activation::gelu_gated: {
+      const float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
+      return 0.5f * gate * (1.0f + tanhf(inner)) * up;
+    }
+  }
+  return 0.0f;
+}
+
+}  // namespace moekit::detail

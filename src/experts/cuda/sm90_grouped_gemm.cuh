@@ -1,0 +1,100 @@
+// One CUTLASS sm90 ptr-array grouped GEMM, D[g] = A[g] * B[g]^T in bf16 with fp32 accumulation: A [M, K] and B
+// [N, K] K-contiguous (TMA loads, wgmma), D [M, N] row-major through a TMA epilogue, no C operand. Problem shapes
+// live on the device only (filled by a kernel from the route plan), so the persistent grid is one CTA per SM and
+// the group tile scheduler walks the groups on the device, skipping empty ones. Each sm90_grouped_gemm_*.cu
+// instantiates one tile config (DESIGN §9: ~40 s and ~3.5 GB of compile each, keep them few).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/group_array_problem_shape.hpp"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "experts/cuda/experts_kernels.h"
+#include "experts/cuda/sm90_grouped_types.cuh"
+#include "moekit/error.h"
+
+namespace moekit::detail {
+
+/// A tile configuration: CTA tile (M, N, K) and the warp-specialized schedule.
+template <int kTileM, int kTileN, int kTileK, bool kCooperative>
+struct Sm90GroupedGemm {
+  using ElementAB = cutlass::bfloat16_t;
+  using ElementD = cutlass::bfloat16_t;
+  using ElementAcc = float;
+  using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
+  using KernelSchedule =
+      std::conditional_t<kCooperative, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+                         cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong>;
+  using EpilogueSchedule = std::conditional_t<kCooperative, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
+                                              cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
+  static constexpr int kAlign = 8;  // 16 bytes of bf16
+
+  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, ElementAcc, void, GroupedLayoutD*, kAlign,
+      ElementD, GroupedLayoutD*, kAlign, EpilogueSchedule,
+      cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAcc>>::CollectiveOp;
+
+  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, GroupedLayoutA*, kAlign, ElementAB,
+      GroupedLayoutB*, kAlign, ElementAcc, TileShape, ClusterShape,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename CollectiveEpilogue::SharedStorage))>,
+      KernelSchedule>::CollectiveOp;
+
+  using Kernel = cutlass::gemm::kernel::GemmUniversal<GroupedProblemShape, CollectiveMainloop, CollectiveEpilogue>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+
+  static_assert(std::is_same_v<typename Kernel::InternalStrideA, GroupedStrideA>);
+  static_assert(std::is_same_v<typename Kernel::InternalStrideB, GroupedStrideB>);
+  static_assert(std::is_same_v<typename Kernel::InternalStrideD, GroupedStrideD>);
+
+  static typename Gemm::Arguments arguments(const GroupedGemmArgs& a) {
+    typename Gemm::Arguments args{};
+    args.mode = cutlass::gemm::GemmUniversalMode::kGrouped;
+    args.problem_shape = {a.groups, static_cast<GroupedProblemShape::UnderlyingProblemShape*>(a.problem_shapes),
+                          nullptr};
+    args.mainloop.ptr_A = reinterpret_cast<const ElementAB**>(a.ptr_a);
+    args.mainloop.dA = static_cast<GroupedStrideA*>(a.stride_a);
+    args.mainloop.ptr_B = reinterpret_cast<const ElementAB**>(a.ptr_b);
+    args.mainloop.dB = static_cast<GroupedStrideB*>(a.stride_b);
+    args.epilogue.thread.alpha = 1.0f;
+    args.epilogue.thread.beta = 0.0f;
+    args.epilogue.ptr_C = nullptr;
+    args.epilogue.dC = nullptr;
+    args.epilogue.ptr_D = reinterpret_cast<ElementD**>(a.ptr_d);
+    args.epilogue.dD = static_cast<GroupedStrideD*>(a.stride_d);
+    args.hw_info.device_id = 0;
+    args.hw_info.sm_count = a.sm_count;
+    return args;
+  }
+
+  static size_t workspace_size(int groups, int sm_count) {
+    GroupedGemmArgs a{};
+    a.groups = groups;
+    a.sm_count = sm_count;
+    return Gemm::get_workspace_size(arguments(a));
+  }
+
+  static void run(const GroupedGemmArgs& a, Stream stream) {
+    Gemm gemm;
+    typename Gemm::Arguments args = arguments(a);
+    cutlass::Status status = gemm.can_implement(args);
+    if (status != cutlass::Status::kSuccess)
+      throw Internal("experts", std::string("grouped GEMM can_implement: ") + cutlassGetStatusString(status));
+    status = gemm.run(args, a.workspace, static_cast<cudaStream_t>(stream));
+    if (status != cutlass::Status::kSuccess)
+      throw CudaError("experts", std::string("grouped GEMM launch failed: ") + cutlassGetStatusString(status));
+    check_launch("grouped GEMM");
+  }
+
+  static GroupedGemmOps ops() { return {&workspace_size, &run}; }
+};
+
+}  // namespace moekit::detail

@@ -1,0 +1,470 @@
+// CudaExperts (bf16 grouped GEMMs and the decode GEMV) against experts_reference, the fp32 CPU oracle: relative
+// Frobenius error <= 1e-2 on fresh random inputs (the seed is printed; MOEKIT_TEST_SEED replays one). Cases:
+// reduced-size versions of every preset at T in {1, 7, 64, 1000}, every tactic pair, every activation x gate/up
+// layout with fp32 and bf16 biases, shared experts, empty experts, one hot expert, expert parallelism, CUDA-graph
+// capture then replay with new data, and the argument checks. Plans are built on the CPU (build_plan_reference)
+// and copied to the device, so these tests do not depend on the GPU router. Skips without an sm90 GPU.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "moekit/cuda_experts.h"
+#include "moekit/device.h"
+#include "moekit/error.h"
+#include "moekit/experts.h"
+#include "moekit/plan.h"
+#include "moekit/presets.h"
+
+namespace moekit {
+namespace {
+
+#define MOEKIT_CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
+
+bool have_sm90() { return device_is_sm90(0); }
+
+#define MOEKIT_REQUIRE_SM90() \
+  if (!have_sm90()) GTEST_SKIP() << "no sm90 GPU: the bf16 expert kernels need an H100/H200"
+
+uint32_t test_seed() {
+  static const uint32_t seed = [] {
+    const char* env = std::getenv("MOEKIT_TEST_SEED");
+    const uint32_t s = env ? static_cast<uint32_t>(std::strtoul(env, nullptr, 10)) : std::random_device{}();
+    std::printf("experts_test seed: %u (set MOEKIT_TEST_SEED to replay)\n", s);
+    return s;
+  }();
+  return seed;
+}
+
+// A device buffer freed on scope exit.
+struct DeviceBuffer {
+  void* p = nullptr;
+  explicit DeviceBuffer(size_t bytes) {
+    if (cudaMalloc(&p, bytes == 0 ? 16 : bytes) != cudaSuccess) p = nullptr;
+  }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+template <class T>
+void upload(DeviceBuffer& d, const std::vector<T>& h) {
+  ASSERT_EQ(cudaMemcpy(d.p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+}
+
+std::vector<uint16_t> random_bf16(std::mt19937& rng, int64_t n, float scale) {
+  std::uniform_real_distribution<float> u(-scale, scale);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = float_to_bf16(u(rng));
+  return v;
+}
+
+enum class Routing { random, one_hot, half_empty };
+
+struct Case {
+  ExpertConfig cfg;
+  int64_t tokens = 1;
+  int block = 64;
+  bool b13 = false, b2 = false;
+  DType bias_dtype = DType::f32;
+  Routing routing = Routing::random;
+  ExpertTactic tactic{};
+};
+
+std::string describe(const Case& c) {
+  std::ostringstream o;
+  o << "E" << c.cfg.num_experts << " K" << c.cfg.top_k << " S" << c.cfg.num_shared_experts << " H" << c.cfg.hidden
+    << " I" << c.cfg.intermediate << " T" << c.tokens << " B" << c.block << " " << activation_name(c.cfg.activation)
+    << "/" << gate_up_layout_name(c.cfg.gate_up) << (c.b13 ? " b13" : "") << (c.b2 ? " b2" : "") << " local "
+    << c.cfg.local_experts() << "@" << c.cfg.local_expert_offset << " tactic " << c.tactic.gemm1 << "/"
+    << c.tactic.gemm2;
+  return o.str();
+}
+
+// Host data of one layer problem: weights, hidden states and a CPU plan of random (or skewed) routing.
+struct Problem {
+  ExpertConfig cfg;
+  int64_t tokens;
+  std::vector<uint16_t> w13, w2, hidden;
+  std::vector<uint16_t> b13_bf16, b2_bf16;
+  std::vector<float> b13_f32, b2_f32;
+  RoutePlan plan;
+  ExpertWeights host_weights;
+
+  Problem(const Case& c, std::mt19937& rng)
+      : cfg(c.cfg),
+        tokens(c.tokens),
+        plan(PlanShape{std::max<int64_t>(c.tokens, 1), c.cfg.num_experts, c.cfg.top_k, c.cfg.num_shared_experts,
+                       c.block},
+             Device::cpu()) {
+    const int64_t e = cfg.weight_experts(), h = cfg.hidden, in = cfg.intermediate;
+    w13 = random_bf16(rng, e * 2 * in * h, 1.0f / std::sqrt(static_cast<float>(h)));
+    w2 = random_bf16(rng, e * h * in, 1.0f / std::sqrt(static_cast<float>(in)));
+    host_weights.w13 = TensorView::contiguous(w13.data(), DType::bf16, {e, 2 * in, h});
+    host_weights.w2 = TensorView::contiguous(w2.data(), DType::bf16, {e, h, in});
+    std::uniform_real_distribution<float> ub(-0.5f, 0.5f);
+    if (c.b13) {
+      if (c.bias_dtype == DType::bf16) {
+        b13_bf16 = random_bf16(rng, e * 2 * in, 0.5f);
+        host_weights.b13 = TensorView::contiguous(b13_bf16.data(), DType::bf16, {e, 2 * in});
+      } else {
+        for (int64_t i = 0; i < e * 2 * in; ++i) b13_f32.push_back(ub(rng));
+        host_weights.b13 = TensorView::contiguous(b13_f32.data(), DType::f32, {e, 2 * in});
+      }
+    }
+    if (c.b2) {
+      if (c.bias_dtype == DType::bf16) {
+        b2_bf16 = random_bf16(rng, e * h, 0.5f);
+        host_weights.b2 = TensorView::contiguous(b2_bf16.data(), DType::bf16, {e, h});
+      } else {
+        for (int64_t i = 0; i < e * h; ++i) b2_f32.push_back(ub(rng));
+        host_weights.b2 = TensorView::contiguous(b2_f32.data(), DType::f32, {e, h});
+      }
+    }
+    hidden = random_bf16(rng, tokens * h, 1.0f);
+
+    // Top-k ids: K distinct routed experts per token drawn from a pool (all experts, the lower half, or one hot
+    // expert always first), random positive weights; then the shared slots with weight 1.
+    const int kt = cfg.top_k + cfg.num_shared_experts, n = cfg.num_experts;
+    RoutePlanView& v = plan.mutable_view();
+    std::uniform_real_distribution<float> uw(0.05f, 1.0f);
+    for (int64_t t = 0; t < tokens; ++t) {
+      std::vector<int> pool(n);
+      for (int i = 0; i < n; ++i) pool[i] = i;
+      int pool_size = c.routing == Routing::half_empty ? std::max(cfg.top_k, n / 2) : n;
+      for (int j = 0; j < cfg.top_k; ++j) {
+        int pick;
+        if (c.routing == Routing::one_hot && j == 0) {
+          pick = 0;  // pool[0] == 0 until it is swapped out below
+        } else {
+          std::uniform_int_distribution<int> ui(j, pool_size - 1);
+          pick = ui(rng);
+        }
+        std::swap(pool[j], pool[pick]);
+        v.topk_ids[t * kt + j] = pool[j];
+        v.topk_weights[t * kt + j] = uw(rng);
+      }
+      for (int s = 0; s < cfg.num_shared_experts; ++s) {
+        v.topk_ids[t * kt + cfg.top_k + s] = n + s;
+        v.topk_weights[t * kt + cfg.top_k + s] = 1.0f;
+      }
+    }
+    build_plan_reference(tokens, v);
+  }
+};
+
+// Copies every plan array of `src` (host) into the device plan `dst` for src.tokens tokens.
+void copy_plan(const RoutePlan& src, RoutePlan& dst) {
+  const RoutePlanView& s = src.view();
+  RoutePlanView& d = dst.mutable_view();
+  const PlanShape& ps = s.shape;
+  const int64_t t = s.tokens, kt = ps.slots(), g = ps.groups();
+  const int64_t cap = plan_capacity(t, ps.num_experts, ps.top_k, ps.num_shared_experts, ps.block);
+  auto h2d = [](void* to, const void* from, int64_t bytes) {
+    if (bytes > 0) ASSERT_EQ(cudaMemcpy(to, from, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  };
+  h2d(d.topk_ids, s.topk_ids, t * kt * 4);
+  h2d(d.topk_weights, s.topk_weights, t * kt * 4);
+  h2d(d.expert_counts, s.expert_counts, g * 4);
+  h2d(d.expert_offsets, s.expert_offsets, (g + 1) * 4);
+  h2d(d.sorted_slots, s.sorted_slots, cap * 4);
+  h2d(d.slot_rows, s.slot_rows, t * kt * 4);
+  h2d(d.block_experts, s.block_experts, cap / ps.block * 4);
+  h2d(d.extent, s.extent, 2 * 4);
+  d.tokens = t;
+}
+
+double rel_frobenius(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double a = bf16_to_float(got[i]), b = bf16_to_float(want[i]);
+    num += (a - b) * (a - b);
+    den += b * b;
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);  // NaN in got makes this NaN: fails the check
+}
+
+// Device copies of a problem's weights.
+struct DeviceWeights {
+  DeviceBuffer w13, w2, b13, b2;
+  ExpertWeights view;
+  explicit DeviceWeights(const Problem& p)
+      : w13(p.w13.size() * 2), w2(p.w2.size() * 2), b13(p.host_weights.b13.numel() * 4),
+        b2(p.host_weights.b2.numel() * 4) {
+    const Device dev = Device::cuda(0);
+    auto put = [&](DeviceBuffer& d, const TensorView& h, TensorView& out) {
+      if (!h.present()) return;
+      cudaMemcpy(d.p, h.data, h.numel() * dtype_size(h.dtype), cudaMemcpyHostToDevice);
+      out = h;
+      out.data = d.p;
+      out.device = dev;
+    };
+    put(w13, p.host_weights.w13, view.w13);
+    put(w2, p.host_weights.w2, view.w2);
+    put(b13, p.host_weights.b13, view.b13);
+    put(b2, p.host_weights.b2, view.b2);
+  }
+};
+
+// Runs one case on the GPU and checks it against experts_reference.
+void check_case(const Case& c, uint32_t salt) {
+  SCOPED_TRACE(describe(c));
+  std::mt19937 rng(test_seed() ^ (salt * 2654435761u));
+  Problem prob(c, rng);
+  const int64_t t = c.tokens, h = c.cfg.hidden;
+
+  std::vector<uint16_t> want(t * h);
+  experts_reference(c.cfg, prob.host_weights, TensorView::contiguous(prob.hidden.data(), DType::bf16, {t, h}),
+                    prob.plan.view(), TensorView::contiguous(want.data(), DType::bf16, {t, h}));
+
+  const Device dev = Device::cuda(0);
+  DeviceWeights dw(prob);
+  RoutePlan dplan(prob.plan.shape(), dev);
+  copy_plan(prob.plan, dplan);
+  DeviceBuffer dh(t * h * 2), dout(t * h * 2);
+  upload(dh, prob.hidden);
+  MOEKIT_CUDA_OK(cudaMemset(dout.p, 0xff, t * h * 2));  // NaN poison: every element must be written
+
+  CudaExperts layer({c.cfg, dw.view, std::max<int64_t>(t, 1), c.block, dev});
+  layer.run(dplan, TensorView::contiguous(dh.p, DType::bf16, {t, h}, dev),
+            TensorView::contiguous(dout.p, DType::bf16, {t, h}, dev), nullptr, c.tactic);
+  MOEKIT_CUDA_OK(cudaDeviceSynchronize());
+  std::vector<uint16_t> got(t * h);
+  MOEKIT_CUDA_OK(cudaMemcpy(got.data(), dout.p, t * h * 2, cudaMemcpyDeviceToHost));
+  const double err = rel_frobenius(got, want);
+  EXPECT_LE(err, 1e-2) << "relative Frobenius error " << err;
+}
+
+// A preset shrunk to test size, keeping K, S, activation, layout and biases (what changes the code path).
+ExpertConfig reduced(const ExpertConfig& full) {
+  ExpertConfig c = full;
+  c.num_experts = std::min(full.num_experts, 32);
+  c.hidden = std::min(full.hidden, 520);              // not a multiple of 64: a K tail in GEMM1
+  c.intermediate = std::min(full.intermediate, 200);  // K tail in GEMM2, N tail in GEMM1
+  return c;
+}
+
+TEST(CudaExperts, ReducedPresetsAllTokenCounts) {
+  MOEKIT_REQUIRE_SM90();
+  uint32_t salt = 1;
+  for (const Preset& p : presets()) {
+    for (int64_t t : {1, 7, 64, 1000}) {
+      Case c;
+      c.cfg = reduced(p.experts);
+      c.tokens = t;
+      c.block = p.block;
+      c.b13 = c.b2 = p.has_expert_biases;
+      check_case(c, salt++);
+    }
+  }
+}
+
+TEST(CudaExperts, FullWidthFewExperts) {
+  MOEKIT_REQUIRE_SM90();
+  // DeepSeek-V3's H and I with 4 routed experts + 1 shared: long K loops in both GEMMs, wide N.
+  uint32_t salt = 100;
+  for (ExpertTactic tactic : {ExpertTactic{0, 0}, ExpertTactic{2, 2}, ExpertTactic{3, 1}}) {
+    Case c;
+    c.cfg = find_preset("deepseek-v3").experts;
+    c.cfg.num_experts = 4;
+    c.cfg.top_k = 2;
+    c.tokens = 33;
+    c.tactic = tactic;
+    check_case(c, salt++);
+  }
+}
+
+TEST(CudaExperts, EveryTacticPair) {
+  MOEKIT_REQUIRE_SM90();
+  const int n = static_cast<int>(cuda_expert_gemm_tactics().size());
+  uint32_t salt = 200;
+  for (int64_t t : {3, 300}) {
+    for (int g1 = 0; g1 < n; ++g1) {
+      for (int g2 = 0; g2 < n; ++g2) {
+        Case c;
+        c.cfg = reduced(find_preset("qwen3-30b-a3b").experts);
+        c.cfg.num_shared_experts = 1;
+        c.tokens = t;
+        c.b13 = c.b2 = true;
+        c.tactic = {g1, g2};
+        check_case(c, salt++);
+      }
+    }
+  }
+}
+
+TEST(CudaExperts, ActivationsLayoutsBiases) {
+  MOEKIT_REQUIRE_SM90();
+  uint32_t salt = 300;
+  for (Activation a : {Activation::silu_gated, Activation::swiglu_clamped, Activation::gelu_gated}) {
+    for (GateUpLayout l : {GateUpLayout::gate_first, GateUpLayout::up_first, GateUpLayout::interleaved}) {
+      for (DType bias : {DType::f32, DType::bf16}) {
+        for (ExpertTactic tactic : {ExpertTactic{0, 0}, ExpertTactic{2, 2}}) {
+          Case c;
+          c.cfg = reduced(find_preset("gpt-oss-120b").experts);
+          c.cfg.activation = a;
+          c.cfg.gate_up = l;
+          c.cfg.act = ActivationParams{1.5f, 0.75f, 2.0f};  // a small limit so the clamp is exercised
+          c.tokens = 37;
+          c.b13 = c.b2 = true;
+          c.bias_dtype = bias;
+          c.tactic = tactic;
+          check_case(c, salt++);
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaExperts, SkewedRoutingAndExpertParallelism) {
+  MOEKIT_REQUIRE_SM90();
+  uint32_t salt = 400;
+  for (Routing r : {Routing::one_hot, Routing::half_empty}) {
+    for (ExpertTactic tactic : {ExpertTactic{0, 0}, ExpertTactic{1, 1}, ExpertTactic{3, 2}}) {
+      Case c;
+      c.cfg = reduced(find_preset("deepseek-v3").experts);  // 1 shared expert
+      c.cfg.num_shared_experts = 2;
+      c.tokens = 200;
+      c.routing = r;
+      c.tactic = tactic;
+      check_case(c, salt++);
+      // This rank holds experts 8..23 of 32: other slots contribute nothing.
+      c.cfg.local_num_experts = 16;
+      c.cfg.local_expert_offset = 8;
+      check_case(c, salt++);
+    }
+  }
+}
+
+TEST(CudaExperts, GraphCaptureReplaysNewData) {
+  MOEKIT_REQUIRE_SM90();
+  Case c;
+  c.cfg = reduced(find_preset("qwen3-next-80b").experts);
+  c.tokens = 64;
+  const int64_t t = c.tokens, h = c.cfg.hidden;
+  const Device dev = Device::cuda(0);
+  for (ExpertTactic tactic : {ExpertTactic{0, 0}, ExpertTactic{1, 2}}) {
+    c.tactic = tactic;
+    SCOPED_TRACE(describe(c));
+    std::mt19937 rng(test_seed() ^ 0x5eed);
+    Problem first(c, rng);
+    DeviceWeights dw(first);
+    RoutePlan dplan(first.plan.shape(), dev);
+    copy_plan(first.plan, dplan);
+    DeviceBuffer dh(t * h * 2), dout(t * h * 2);
+    upload(dh, first.hidden);
+    CudaExperts layer({c.cfg, dw.view, t, c.block, dev});
+    const TensorView hv = TensorView::contiguous(dh.p, DType::bf16, {t, h}, dev);
+    const TensorView ov = TensorView::contiguous(dout.p, DType::bf16, {t, h}, dev);
+
+    cudaStream_t stream;
+    MOEKIT_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    MOEKIT_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    layer.run(dplan, hv, ov, stream, tactic);
+    MOEKIT_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    MOEKIT_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+
+    // New routing, hidden states (same weights): rebuild a problem from a new stream of random numbers and keep
+    // the first problem's weights so the device weights stay valid.
+    for (int round = 0; round < 2; ++round) {
+      Problem next(c, rng);
+      next.w13 = first.w13;
+      next.w2 = first.w2;
+      next.host_weights = first.host_weights;
+      copy_plan(next.plan, dplan);
+      upload(dh, next.hidden);
+      MOEKIT_CUDA_OK(cudaMemset(dout.p, 0xff, t * h * 2));
+      MOEKIT_CUDA_OK(cudaGraphLaunch(exec, stream));
+      MOEKIT_CUDA_OK(cudaStreamSynchronize(stream));
+      std::vector<uint16_t> got(t * h), want(t * h);
+      MOEKIT_CUDA_OK(cudaMemcpy(got.data(), dout.p, t * h * 2, cudaMemcpyDeviceToHost));
+      experts_reference(c.cfg, first.host_weights, TensorView::contiguous(next.hidden.data(), DType::bf16, {t, h}),
+                        next.plan.view(), TensorView::contiguous(want.data(), DType::bf16, {t, h}));
+      const double err = rel_frobenius(got, want);
+      EXPECT_LE(err, 1e-2) << "replay " << round << ": relative Frobenius error " << err;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+}
+
+TEST(CudaExperts, RejectsBadArguments) {
+  MOEKIT_REQUIRE_SM90();
+  Case c;
+  c.cfg = reduced(find_preset("qwen3-30b-a3b").experts);
+  c.tokens = 5;
+  std::mt19937 rng(test_seed());
+  Problem prob(c, rng);
+  const Device dev = Device::cuda(0);
+  DeviceWeights dw(prob);
+  RoutePlan dplan(prob.plan.shape(), dev);
+  copy_plan(prob.plan, dplan);
+  const int64_t t = c.tokens, h = c.cfg.hidden;
+  DeviceBuffer dh(t * h * 2), dout(t * h * 2);
+  CudaExperts layer({c.cfg, dw.view, t, c.block, dev});
+  const TensorView hv = TensorView::contiguous(dh.p, DType::bf16, {t, h}, dev);
+  const TensorView ov = TensorView::contiguous(dout.p, DType::bf16, {t, h}, dev);
+  try {
+    layer.run(dplan, hv, ov, nullptr, {9, 0});
+    ADD_FAILURE() << "no exception for tactic 9";
+  } catch (const NotSupported& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "moekit::experts: gemm1 tactic (9) must be one of: 0: gemv_8rows, 1: sm90_pingpong_64x128x64, "
+              "2: sm90_cooperative_128x128x64, 3: sm90_cooperative_128x256x64");
+  }
+  const TensorView wrong = TensorView::contiguous(dh.p, DType::f16, {t, h}, dev);
+  try {
+    layer.run(dplan, wrong, ov);
+    ADD_FAILURE() << "no exception for fp16 hidden";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()), "moekit::experts: hidden ([5, 520] fp16 cuda:0) must be [T, H] = [5, 520] "
+                                     "bf16 contiguous on cuda:0");
+  }
+  CudaExpertsArgs bad{c.cfg, dw.view, 0, c.block, dev};
+  try {
+    CudaExperts l2(bad);
+    ADD_FAILURE() << "no exception for max_tokens 0";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()), "moekit::experts: max_tokens (0) must be >= 1");
+  }
+  bad.max_tokens = 4;  // the plan holds 5 tokens
+  CudaExperts small(bad);
+  try {
+    small.run(dplan, hv, ov);
+    ADD_FAILURE() << "no exception for T > max_tokens";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()), "moekit::experts: plan tokens (5) must be <= max_tokens (4)");
+  }
+}
+
+TEST(CudaExperts, DefaultTacticIsDeterministicAndValid) {
+  MOEKIT_REQUIRE_SM90();
+  Case c;
+  c.cfg = reduced(find_preset("mixtral-8x7b").experts);
+  std::mt19937 rng(test_seed());
+  c.tokens = 1;
+  Problem prob(c, rng);
+  DeviceWeights dw(prob);
+  CudaExperts layer({c.cfg, dw.view, 16384, 64, Device::cuda(0)});
+  const int n = static_cast<int>(cuda_expert_gemm_tactics().size());
+  for (int64_t t : {1, 16, 64, 256, 1024, 4096, 16384}) {
+    const ExpertTactic a = layer.default_tactic(t), b = layer.default_tactic(t);
+    EXPECT_EQ(a, b);
+    EXPECT_TRUE(a.gemm1 >= 0 && a.gemm1 < n && a.gemm2 >= 0 && a.gemm2 < n) << t;
+  }
+  // Decode sizes (<= 8 rows per expert) take the GEMV, large batches a grouped GEMM.
+  EXPECT_EQ(cuda_expert_gemm_tactics()[layer.default_tactic(1).gemm1].kind, GemmKernelKind::gemv);
+  EXPECT_EQ(cuda_expert_gemm_tactics()[layer.default_tactic(4096).gemm1].kind, GemmKernelKind::grouped);
+}
+
+}  // namespace
+}  // namespace moekit

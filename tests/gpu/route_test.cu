@@ -1,0 +1,444 @@
+// The fused CUDA router against the CPU reference: every method, dtype and plan field on fresh random inputs
+// (seed printed; MOEKIT_TEST_SEED overrides it). Ids, counts, offsets, sorted rows, block experts, extent and
+// replay rows must match exactly, weights within 1e-6 relative. Outputs are poisoned before every run so an
+// unwritten element cannot pass. Also: forced grid sizes, CUDA-graph capture then replay with new logits.
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "moekit/device.h"
+#include "moekit/plan.h"
+#include "moekit/routing.h"
+#include "routing/cuda/route_cuda.h"
+#include "routing/routing_math.h"
+
+namespace moekit {
+namespace {
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  explicit DeviceBuffer(size_t bytes) { ck(cudaMalloc(&ptr, bytes ? bytes : 1), "cudaMalloc"); }
+  ~DeviceBuffer() { cudaFree(ptr); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+};
+
+uint64_t base_seed() {
+  const char* s = std::getenv("MOEKIT_TEST_SEED");
+  return s ? std::strtoull(s, nullptr, 10) : 20240611ull;
+}
+
+enum class Dist { normal, ties, coarse, hot, positive };
+
+struct Case {
+  std::string name;
+  RoutingConfig cfg;
+  int64_t tokens = 1;
+  int block = 16;
+  DType dtype = DType::f32;
+  bool bias = false;
+  DType bias_dtype = DType::f32;
+  int64_t stride_pad = 0;  // row stride = E + stride_pad
+  bool replay = true;
+  Dist dist = Dist::normal;
+  int ctas = 0;  // forced grid size, 0 = heuristic
+};
+
+RoutingConfig config(RoutingMethod m, int e, int k, int s = 0, bool renorm = false, int ng = 1, int tg = 1,
+                     float scale = 1.0f) {
+  RoutingConfig c;
+  c.method = m;
+  c.num_experts = e;
+  c.top_k = k;
+  c.num_shared_experts = s;
+  c.renormalize = renorm;
+  c.n_group = ng;
+  c.topk_group = tg;
+  c.routed_scaling_factor = scale;
+  return c;
+}
+
+// Host-side copy of one plan's fields for T tokens.
+struct PlanHost {
+  std::vector<int32_t> ids, counts, offsets, sorted, rows, blocks, extent;
+  std::vector<float> weights;
+};
+
+PlanHost read_plan(const RoutePlanView& v, int64_t tokens, bool on_device) {
+  const PlanShape& s = v.shape;
+  const int64_t n = tokens * s.slots(), cap = plan_capacity(tokens, s.num_experts, s.top_k, s.num_shared_experts, s.block);
+  PlanHost h;
+  auto get = [&](auto& dst, const auto* src, int64_t count) {
+    dst.resize(static_cast<size_t>(count));
+    if (count == 0) return;
+    if (on_device)
+      ck(cudaMemcpy(dst.data(), src, count * sizeof(dst[0]), cudaMemcpyDeviceToHost), "cudaMemcpy plan");
+    else
+      std::memcpy(dst.data(), src, count * sizeof(dst[0]));
+  };
+  get(h.ids, v.topk_ids, n);
+  get(h.weights, v.topk_weights, n);
+  get(h.counts, v.expert_counts, s.groups());
+  get(h.offsets, v.expert_offsets, s.groups() + 1);
+  get(h.sorted, v.sorted_slots, cap);
+  get(h.rows, v.slot_rows, n);
+  get(h.blocks, v.block_experts, cap / s.block);
+  get(h.extent, v.extent, 2);
+  return h;
+}
+
+void poison_plan(const RoutePlanView& v) {
+  const PlanShape& s = v.shape;
+  const int64_t n = s.max_tokens * s.slots(), cap = s.capacity();
+  ck(cudaMemset(v.topk_ids, 0xa5, n * 4), "poison");
+  ck(cudaMemset(v.topk_weights, 0xff, n * 4), "poison");  // NaN
+  ck(cudaMemset(v.expert_counts, 0xa5, s.groups() * 4), "poison");
+  ck(cudaMemset(v.expert_offsets, 0xa5, (s.groups() + 1) * 4), "poison");
+  ck(cudaMemset(v.sorted_slots, 0xa5, cap * 4), "poison");
+  ck(cudaMemset(v.slot_rows, 0xa5, n * 4), "poison");
+  ck(cudaMemset(v.block_experts, 0xa5, cap / s.block * 4), "poison");
+  ck(cudaMemset(v.extent, 0xa5, 8), "poison");
+}
+
+template <class T>
+::testing::AssertionResult same(const char* field, const std::vector<T>& got, const std::vector<T>& want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << field << ": size " << got.size() << " vs " << want.size();
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i])
+      return ::testing::AssertionFailure() << field << "[" << i << "] = " << got[i] << ", reference " << want[i];
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult close(const std::vector<float>& got, const std::vector<float>& want, double tol = 1e-6) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (!(d <= tol * std::fabs(static_cast<double>(want[i]))) && !(got[i] == want[i]))
+      return ::testing::AssertionFailure() << "topk_weights[" << i << "] = " << got[i] << ", reference " << want[i]
+                                           << " (relative " << d / std::fabs(want[i]) << ")";
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// Inputs of one case on the host (fp32 values exactly representable in the case's dtype) and on the device.
+struct Inputs {
+  int64_t stride = 0;
+  std::vector<float> logits;     // [T, stride] as fp32
+  std::vector<uint16_t> logits16;  // bf16 bits when dtype is bf16
+  std::vector<float> bias;
+  std::vector<uint16_t> bias16;
+};
+
+Inputs make_inputs(const Case& c, uint64_t seed) {
+  const int E = c.cfg.num_experts;
+  Inputs in;
+  in.stride = E + c.stride_pad;
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::uniform_int_distribution<int> small(0, 2);
+  in.logits.assign(static_cast<size_t>(c.tokens * in.stride), 7.0f);  // padding columns must not matter
+  for (int64_t t = 0; t < c.tokens; ++t)
+    for (int e = 0; e < E; ++e) {
+      float v = 0.0f;
+      switch (c.dist) {
+        case Dist::normal: v = normal(rng); break;
+        case Dist::ties: v = static_cast<float>(small(rng)); break;
+        case Dist::coarse: v = std::round(normal(rng) * 4.0f) / 4.0f; break;
+        case Dist::hot: v = normal(rng) + (e == 5 ? 100.0f : 0.0f); break;
+        case Dist::positive: v = std::fabs(normal(rng)) + 0.01f; break;
+      }
+      if (c.dtype == DType::bf16) v = round_to_bf16(v);
+      in.logits[t * in.stride + e] = v;
+    }
+  if (c.dtype == DType::bf16) {
+    in.logits16.resize(in.logits.size());
+    for (size_t i = 0; i < in.logits.size(); ++i) in.logits16[i] = float_to_bf16(in.logits[i]);
+  }
+  if (c.bias) {
+    std::normal_distribution<float> b(0.0f, 0.05f);
+    in.bias.resize(E);
+    for (float& v : in.bias) v = c.bias_dtype == DType::bf16 ? round_to_bf16(b(rng)) : b(rng);
+    in.bias16.resize(E);
+    for (int e = 0; e < E; ++e) in.bias16[e] = float_to_bf16(in.bias[e]);
+  }
+  return in;
+}
+
+// softmax_topk without renormalization divides by the sum of all E softmax terms. The reference adds them in
+// ascending expert order in fp32, whose own rounding reaches ~1.3e-6 relative at E = 512 (measured on the host
+// against a double sum); the GPU adds them as a tree. So these weights are checked at 1e-6 against an independent
+// double-accumulated computation, and at 4e-6 against the reference.
+std::vector<float> softmax_weights_double(const Case& c, const Inputs& in, const std::vector<int32_t>& ids) {
+  namespace rm = routing_math;
+  const int E = c.cfg.num_experts, Kt = c.cfg.slots(), K = c.cfg.top_k;
+  std::vector<float> w(ids.size());
+  for (int64_t t = 0; t < c.tokens; ++t) {
+    const float* x = in.logits.data() + t * in.stride;
+    float max = -INFINITY;
+    for (int e = 0; e < E; ++e) max = x[e] > max ? x[e] : max;
+    auto term = [&](float v) { return v != v ? 0.0f : v == max ? 1.0f : rm::exp(rm::add(v, -max)); };
+    double sum = 0.0;
+    for (int e = 0; e < E; ++e) sum += term(x[e]);
+    for (int j = 0; j < Kt; ++j) {
+      const int e = ids[t * Kt + j];
+      w[t * Kt + j] = j < K ? static_cast<float>(term(x[e]) / sum * c.cfg.routed_scaling_factor) : 1.0f;
+    }
+  }
+  return w;
+}
+
+TensorView logits_view(void* data, const Case& c, int64_t tokens, int64_t stride, Device d) {
+  TensorView v = TensorView::contiguous(data, c.dtype, {tokens, c.cfg.num_experts}, d);
+  v.strides[0] = stride;
+  return v;
+}
+
+class GpuRoute : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: the fused router needs an sm_90 GPU";
+    if (!device_is_sm90(0)) GTEST_SKIP() << "device 0 is not sm_90 (Hopper): moekit kernels target sm_90a";
+  }
+};
+
+// Routes case `c` on the GPU (into `plan`, already allocated) and on the CPU, and compares everything.
+void check_case(const Case& c, uint64_t seed) {
+  SCOPED_TRACE(c.name + " seed " + std::to_string(seed));
+  std::printf("[ case     ] %s seed=%llu\n", c.name.c_str(), static_cast<unsigned long long>(seed));
+  const Inputs in = make_inputs(c, seed);
+  const int64_t T = c.tokens;
+  const int K = c.cfg.top_k;
+  const PlanShape shape{T, c.cfg.num_experts, K, c.cfg.num_shared_experts, c.block};
+
+  // CPU reference.
+  RoutePlan ref(shape, Device::cpu());
+  const int64_t R = T + 3;
+  std::vector<int16_t> replay_ref(static_cast<size_t>(R * K), int16_t{0x7777});
+  TensorView host_logits = logits_view(const_cast<float*>(in.logits.data()), c, T, in.stride, Device::cpu());
+  host_logits.dtype = DType::f32;
+  std::vector<uint16_t> host16 = in.logits16;
+  if (c.dtype == DType::bf16) host_logits = logits_view(host16.data(), c, T, in.stride, Device::cpu());
+  std::vector<float> hb = in.bias;
+  std::vector<uint16_t> hb16 = in.bias16;
+  TensorView host_bias;
+  if (c.bias)
+    host_bias = c.bias_dtype == DType::bf16 ? TensorView::contiguous(hb16.data(), DType::bf16, {c.cfg.num_experts})
+                                            : TensorView::contiguous(hb.data(), DType::f32, {c.cfg.num_experts});
+  TensorView host_replay;
+  if (c.replay) host_replay = TensorView::contiguous(replay_ref.data(), DType::i16, {R, K});
+  route(c.cfg, host_logits, host_bias, ref, nullptr, host_replay);
+  const PlanHost want = read_plan(ref.view(), T, false);
+
+  // GPU.
+  const size_t esz = c.dtype == DType::bf16 ? 2 : 4;
+  DeviceBuffer d_logits(static_cast<size_t>(T * in.stride) * esz + 16);
+  ck(cudaMemcpy(d_logits.ptr, c.dtype == DType::bf16 ? static_cast<const void*>(in.logits16.data()) : in.logits.data(),
+                static_cast<size_t>(T * in.stride) * esz, cudaMemcpyHostToDevice),
+     "copy logits");
+  DeviceBuffer d_bias(static_cast<size_t>(c.cfg.num_experts) * 4);
+  TensorView dev_bias;
+  if (c.bias) {
+    const bool b16 = c.bias_dtype == DType::bf16;
+    ck(cudaMemcpy(d_bias.ptr, b16 ? static_cast<const void*>(hb16.data()) : hb.data(), c.cfg.num_experts * (b16 ? 2 : 4),
+                  cudaMemcpyHostToDevice),
+       "copy bias");
+    dev_bias = TensorView::contiguous(d_bias.ptr, c.bias_dtype, {c.cfg.num_experts}, Device::cuda());
+  }
+  DeviceBuffer d_replay(static_cast<size_t>(R * K) * 2);
+  std::vector<int16_t> replay_poison(static_cast<size_t>(R * K), int16_t{0x7777});
+  ck(cudaMemcpy(d_replay.ptr, replay_poison.data(), R * K * 2, cudaMemcpyHostToDevice), "copy replay");
+  TensorView dev_replay;
+  if (c.replay) dev_replay = TensorView::contiguous(d_replay.ptr, DType::i16, {R, K}, Device::cuda());
+
+  RoutePlan plan(shape, Device::cuda());
+  poison_plan(plan.view());
+  detail::set_route_cuda_tuning({c.ctas});
+  route(c.cfg, logits_view(d_logits.ptr, c, T, in.stride, Device::cuda()), dev_bias, plan, nullptr, dev_replay);
+  detail::set_route_cuda_tuning({});
+  ck(cudaDeviceSynchronize(), "route");
+  const PlanHost got = read_plan(plan.view(), T, true);
+  std::vector<int16_t> replay_got(static_cast<size_t>(R * K));
+  ck(cudaMemcpy(replay_got.data(), d_replay.ptr, R * K * 2, cudaMemcpyDeviceToHost), "copy replay back");
+
+  EXPECT_TRUE(same("topk_ids", got.ids, want.ids));
+  if (c.cfg.method == RoutingMethod::softmax_topk && !c.cfg.renormalize) {
+    EXPECT_TRUE(close(got.weights, softmax_weights_double(c, in, want.ids), 1e-6));
+    EXPECT_TRUE(close(got.weights, want.weights, 4e-6));
+  } else {
+    EXPECT_TRUE(close(got.weights, want.weights));
+  }
+  EXPECT_TRUE(same("expert_counts", got.counts, want.counts));
+  EXPECT_TRUE(same("expert_offsets", got.offsets, want.offsets));
+  EXPECT_TRUE(same("sorted_slots", got.sorted, want.sorted));
+  EXPECT_TRUE(same("slot_rows", got.rows, want.rows));
+  EXPECT_TRUE(same("block_experts", got.blocks, want.blocks));
+  EXPECT_TRUE(same("extent", got.extent, want.extent));
+  if (c.replay) EXPECT_TRUE(same("replay", replay_got, replay_ref));
+}
+
+std::vector<Case> cases() {
+  using M = RoutingMethod;
+  std::vector<Case> v;
+  auto add = [&](Case c) { v.push_back(std::move(c)); };
+  add({"seed6_t32", config(M::softmax_topk, 512, 8), 32, 16});
+  add({"seed6_t8_k10", config(M::softmax_topk, 512, 10), 8, 8});
+  add({"seed6_t512_k10", config(M::softmax_topk, 512, 10), 512, 8});
+  add({"seed6_t16384", config(M::softmax_topk, 512, 10), 16384, 8});
+  for (int64_t t : {1, 64, 1024, 16384}) {
+    Case c{"dsv3_t" + std::to_string(t), config(M::sigmoid_grouped, 256, 8, 0, true, 8, 4, 2.5f), t, 64};
+    c.bias = true;
+    add(c);
+  }
+  add({"one_token_softmax_renorm", config(M::softmax_topk, 64, 6, 0, true), 1, 1});
+  add({"ragged_topk_softmax_bf16", config(M::topk_softmax, 128, 8, 0, true), 333, 64, DType::bf16});
+  add({"llama4_shared", config(M::llama4, 16, 1, 1), 77, 1});
+  {
+    Case c{"pre_scored_nonpow2_e60", config(M::pre_scored, 60, 6, 0, true), 1000, 7};
+    c.dist = Dist::positive;
+    add(c);
+  }
+  add({"e1024_k32_fp32_b256", config(M::softmax_topk, 1024, 32), 300, 256});
+  add({"e1024_k32_bf16", config(M::topk_softmax, 1024, 32), 100, 32, DType::bf16});
+  {
+    Case c{"k30_s2_grouped_b3", config(M::sigmoid_grouped, 64, 30, 2, true, 4, 2), 129, 3};
+    c.bias = true;
+    c.bias_dtype = DType::bf16;
+    add(c);
+  }
+  {
+    Case c{"ties_01", config(M::softmax_topk, 256, 8), 500, 16};
+    c.dist = Dist::ties;
+    add(c);
+  }
+  {
+    Case c{"ties_coarse_grouped", config(M::sigmoid_grouped, 256, 8, 1, true, 8, 4, 2.5f), 700, 64};
+    c.dist = Dist::coarse;
+    add(c);
+  }
+  {
+    Case c{"one_hot_expert", config(M::softmax_topk, 512, 4), 4096, 128};
+    c.dist = Dist::hot;
+    add(c);
+  }
+  add({"empty_experts_e1000", config(M::topk_softmax, 1000, 2), 3, 256});
+  {
+    Case c{"stride_unaligned_fp32", config(M::softmax_topk, 256, 8, 0, true), 200, 16};
+    c.stride_pad = 7;
+    add(c);
+  }
+  {
+    Case c{"stride_bf16_e250", config(M::sigmoid_grouped, 250, 6, 0, false, 5, 2), 150, 8, DType::bf16};
+    c.stride_pad = 14;
+    c.bias = true;
+    add(c);
+  }
+  add({"e1_k1", config(M::softmax_topk, 1, 1), 40, 1});
+  add({"k_equals_e", config(M::topk_softmax, 3, 3, 1), 50, 2});
+  {
+    Case c{"kimi_one_group_bf16_b1", config(M::sigmoid_grouped, 384, 8, 1, true, 1, 1, 2.827f), 600, 1, DType::bf16};
+    c.bias = true;
+    add(c);
+  }
+  {
+    Case c{"groups_32", config(M::sigmoid_grouped, 256, 4, 0, false, 32, 3), 300, 16};
+    add(c);
+  }
+  {
+    Case c{"groups_64", config(M::sigmoid_grouped, 256, 8, 0, true, 64, 5), 300, 16};
+    c.bias = true;
+    add(c);
+  }
+  add({"no_replay_b256", config(M::softmax_topk, 512, 10), 2000, 256});
+  v.back().replay = false;
+  for (int ctas : {1, 3, 7, 64, 1000}) {
+    Case c{"forced_ctas_" + std::to_string(ctas), config(M::softmax_topk, 160, 6, 1, true), 2500, 16};
+    c.ctas = ctas;
+    add(c);
+  }
+  return v;
+}
+
+// MOEKIT_TEST_QUICK=1 (used under compute-sanitizer, which slows kernels 10-100x) skips cases above 2048 tokens.
+TEST_F(GpuRoute, MatchesReference) {
+  uint64_t seed = base_seed();
+  const bool quick = std::getenv("MOEKIT_TEST_QUICK") != nullptr;
+  std::printf("[ seed     ] MOEKIT_TEST_SEED=%llu%s\n", static_cast<unsigned long long>(seed), quick ? " (quick)" : "");
+  for (const Case& c : cases()) {
+    const uint64_t s = seed++;
+    if (!quick || c.tokens <= 2048) check_case(c, s);
+  }
+}
+
+// Capture once, replay with new logits; a smaller T is a second graph; both must match the reference.
+TEST_F(GpuRoute, GraphReplayWithNewLogits) {
+  const uint64_t seed = base_seed() + 1000;
+  std::printf("[ seed     ] MOEKIT_TEST_SEED=%llu (graph: +1000)\n", static_cast<unsigned long long>(seed - 1000));
+  RoutingConfig cfg = config(RoutingMethod::sigmoid_grouped, 256, 8, 1, true, 8, 4, 2.5f);
+  const int64_t max_t = 3000;
+  const PlanShape shape{max_t, 256, 8, 1, 64};
+  RoutePlan plan(shape, Device::cuda());
+  DeviceBuffer d_logits(max_t * 256 * 4), d_bias(256 * 4), d_replay(max_t * 8 * 2);
+  Case c{"graph", cfg, max_t, 64};
+  c.bias = true;
+  cudaStream_t stream;
+  ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  const TensorView bias = TensorView::contiguous(d_bias.ptr, DType::f32, {256}, Device::cuda());
+  const TensorView replay = TensorView::contiguous(d_replay.ptr, DType::i16, {max_t, 8}, Device::cuda());
+
+  for (int64_t T : {max_t, int64_t{45}}) {
+    c.tokens = T;
+    const TensorView logits = logits_view(d_logits.ptr, c, T, 256, Device::cuda());
+    route(cfg, logits, bias, plan, stream, replay);  // first call outside the capture
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    ck(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), "begin capture");
+    route(cfg, logits, bias, plan, stream, replay);
+    ck(cudaStreamEndCapture(stream, &graph), "end capture");
+    ck(cudaGraphInstantiate(&exec, graph, 0), "instantiate");
+    for (int rep = 0; rep < 3; ++rep) {
+      const uint64_t s = seed + static_cast<uint64_t>(T) * 10 + rep;
+      SCOPED_TRACE("T " + std::to_string(T) + " replay " + std::to_string(rep) + " seed " + std::to_string(s));
+      Case ci = c;
+      const Inputs in = make_inputs(ci, s);
+      ck(cudaMemcpy(d_logits.ptr, in.logits.data(), T * 256 * 4, cudaMemcpyHostToDevice), "logits");
+      ck(cudaMemcpy(d_bias.ptr, in.bias.data(), 256 * 4, cudaMemcpyHostToDevice), "bias");
+      poison_plan(plan.view());
+      ck(cudaGraphLaunch(exec, stream), "graph launch");
+      ck(cudaStreamSynchronize(stream), "graph sync");
+      const PlanHost got = read_plan(plan.view(), T, true);
+
+      const PlanShape rshape{T, 256, 8, 1, 64};
+      RoutePlan ref(rshape, Device::cpu());
+      std::vector<float> hl = in.logits, hb = in.bias;
+      route(cfg, TensorView::contiguous(hl.data(), DType::f32, {T, 256}),
+            TensorView::contiguous(hb.data(), DType::f32, {256}), ref);
+      const PlanHost want = read_plan(ref.view(), T, false);
+      EXPECT_TRUE(same("topk_ids", got.ids, want.ids));
+      EXPECT_TRUE(close(got.weights, want.weights));
+      EXPECT_TRUE(same("expert_counts", got.counts, want.counts));
+      EXPECT_TRUE(same("expert_offsets", got.offsets, want.offsets));
+      EXPECT_TRUE(same("sorted_slots", got.sorted, want.sorted));
+      EXPECT_TRUE(same("slot_rows", got.rows, want.rows));
+      EXPECT_TRUE(same("block_experts", got.blocks, want.blocks));
+      EXPECT_TRUE(same("extent", got.extent, want.extent));
+    }
+    ck(cudaGraphExecDestroy(exec), "destroy exec");
+    ck(cudaGraphDestroy(graph), "destroy graph");
+  }
+  ck(cudaStreamDestroy(stream), "stream destroy");
+}
+
+}  // namespace
+}  // namespace moekit
