@@ -1,7 +1,9 @@
 // The fused CUDA router against the CPU reference: every method, dtype and plan field on fresh random inputs
 // (seed printed; MOEKIT_TEST_SEED overrides it). Ids, counts, offsets, sorted rows, block experts, extent and
 // replay rows must match exactly, weights within 1e-6 relative. Outputs are poisoned before every run so an
-// unwritten element cannot pass. Also: forced grid sizes, CUDA-graph capture then replay with new logits.
+// unwritten element cannot pass. Also: forced grid sizes, the single-CTA/grid boundary, keys crowded into one
+// lane (the selection's rescans), NaN logits, one plan reused across grids (the workspace's generations), and
+// CUDA-graph capture then replay with new logits.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -40,7 +42,9 @@ uint64_t base_seed() {
   return s ? std::strtoull(s, nullptr, 10) : 20240611ull;
 }
 
-enum class Dist { normal, ties, coarse, hot, positive };
+// lane_crowded: the experts one warp lane holds in the router's register layout (lane 3 of every 32*V block, V = 4
+// fp32 or 8 bf16 values) get +50, so that lane supplies every winner. nan: ~30% NaN, every 7th row all NaN.
+enum class Dist { normal, ties, coarse, hot, positive, lane_crowded, nan };
 
 struct Case {
   std::string name;
@@ -158,6 +162,12 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
         case Dist::coarse: v = std::round(normal(rng) * 4.0f) / 4.0f; break;
         case Dist::hot: v = normal(rng) + (e == 5 ? 100.0f : 0.0f); break;
         case Dist::positive: v = std::fabs(normal(rng)) + 0.01f; break;
+        case Dist::lane_crowded: {
+          const int per_lane = c.dtype == DType::bf16 ? 8 : 4;
+          v = normal(rng) + ((e / per_lane) % 32 == 3 ? 50.0f : 0.0f);
+          break;
+        }
+        case Dist::nan: v = (t % 7 == 0 || small(rng) == 0) ? NAN : normal(rng); break;
       }
       if (c.dtype == DType::bf16) v = round_to_bf16(v);
       in.logits[t * in.stride + e] = v;
@@ -362,6 +372,23 @@ std::vector<Case> cases() {
   }
   add({"no_replay_b256", config(M::softmax_topk, 512, 10), 2000, 256});
   v.back().replay = false;
+  add({"single_cta_edge_t16", config(M::topk_softmax, 96, 5, 1, false), 16, 4});
+  add({"first_grid_t17", config(M::topk_softmax, 96, 5, 1, false), 17, 4});
+  {
+    Case c{"lane_crowded_e512_k10", config(M::softmax_topk, 512, 10), 200, 8};
+    c.dist = Dist::lane_crowded;
+    add(c);
+  }
+  {
+    Case c{"lane_crowded_bf16_e1024_k32", config(M::softmax_topk, 1024, 32, 0, true), 70, 16, DType::bf16};
+    c.dist = Dist::lane_crowded;
+    add(c);
+  }
+  {
+    Case c{"nan_logits_topk_softmax", config(M::topk_softmax, 64, 8, 0, true), 90, 8};
+    c.dist = Dist::nan;
+    add(c);
+  }
   for (int ctas : {1, 3, 7, 64, 1000}) {
     Case c{"forced_ctas_" + std::to_string(ctas), config(M::softmax_topk, 160, 6, 1, true), 2500, 16};
     c.ctas = ctas;
@@ -378,6 +405,41 @@ TEST_F(GpuRoute, MatchesReference) {
   for (const Case& c : cases()) {
     const uint64_t s = seed++;
     if (!quick || c.tokens <= 2048) check_case(c, s);
+  }
+}
+
+// One plan, consecutive calls with different T (single CTA and grids of several sizes): the workspace's totals
+// are double-buffered by the barrier generation, so every call must start from a clean state.
+TEST_F(GpuRoute, ReusedPlanAcrossGrids) {
+  const uint64_t seed = base_seed() + 2000;
+  std::printf("[ seed     ] MOEKIT_TEST_SEED=%llu (reuse: +2000)\n", static_cast<unsigned long long>(seed - 2000));
+  const RoutingConfig cfg = config(RoutingMethod::softmax_topk, 128, 4, 0, true);
+  const int64_t max_t = 4000;
+  RoutePlan plan(PlanShape{max_t, 128, 4, 0, 8}, Device::cuda());
+  DeviceBuffer d_logits(max_t * 128 * 4);
+  int call = 0;
+  for (int64_t T : {int64_t{4000}, int64_t{20}, int64_t{700}, int64_t{4000}, int64_t{100}, int64_t{1}, int64_t{2500}}) {
+    const uint64_t s = seed + static_cast<uint64_t>(call++);
+    SCOPED_TRACE("call " + std::to_string(call) + " T " + std::to_string(T) + " seed " + std::to_string(s));
+    Case c{"reuse", cfg, T, 8};
+    const Inputs in = make_inputs(c, s);
+    ck(cudaMemcpy(d_logits.ptr, in.logits.data(), T * 128 * 4, cudaMemcpyHostToDevice), "logits");
+    poison_plan(plan.view());
+    route(cfg, logits_view(d_logits.ptr, c, T, 128, Device::cuda()), {}, plan);
+    ck(cudaDeviceSynchronize(), "route");
+    const PlanHost got = read_plan(plan.view(), T, true);
+    RoutePlan ref(PlanShape{T, 128, 4, 0, 8}, Device::cpu());
+    std::vector<float> hl = in.logits;
+    route(cfg, TensorView::contiguous(hl.data(), DType::f32, {T, 128}), {}, ref);
+    const PlanHost want = read_plan(ref.view(), T, false);
+    EXPECT_TRUE(same("topk_ids", got.ids, want.ids));
+    EXPECT_TRUE(close(got.weights, want.weights));
+    EXPECT_TRUE(same("expert_counts", got.counts, want.counts));
+    EXPECT_TRUE(same("expert_offsets", got.offsets, want.offsets));
+    EXPECT_TRUE(same("sorted_slots", got.sorted, want.sorted));
+    EXPECT_TRUE(same("slot_rows", got.rows, want.rows));
+    EXPECT_TRUE(same("block_experts", got.blocks, want.blocks));
+    EXPECT_TRUE(same("extent", got.extent, want.extent));
   }
 }
 

@@ -1,7 +1,7 @@
 // Internal entry of the fused CUDA router, called by moekit::route() for plans on a CUDA device after the shared
 // validation (validate_route_args and the plan-shape checks) has passed. Host-only declarations: no CUDA headers.
-// The router needs a small device workspace per plan (per-CTA expert histograms and a self-resetting grid-barrier
-// counter); route_cuda_workspace_ints() gives its size so that RoutePlan can own it.
+// The router needs a small device workspace per plan (per-CTA expert counts, double-buffered expert totals and a
+// self-resetting grid-barrier counter); route_cuda_workspace_ints() gives its size so that RoutePlan can own it.
 #pragma once
 
 #include <cstdint>

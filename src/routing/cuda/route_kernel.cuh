@@ -1,12 +1,14 @@
 // The fused router kernel: logits -> complete route plan in one launch. Each CTA owns a contiguous token range and
 // each warp a contiguous sub-range, so "ascending token within an expert" is (CTA prefix, warp prefix, rank in warp):
 //   A. warps route their tokens (route_token.cuh) and count experts in per-warp shared histograms;
-//   B. the CTA turns them into per-warp prefixes and publishes its expert totals (workspace [grid, E]);
-//   -- grid barrier --  C. one warp per expert scans the per-CTA totals: CTA prefixes and expert_counts;
-//   -- grid barrier --  D. every CTA scans the padded counts into offsets (redundantly, no third barrier),
-//      scatters its slots into sorted_slots/slot_rows, and the grid writes padding and block_experts.
-// With one CTA the barriers and step C vanish. The barrier counts arrivals and bumps a generation word, resetting
-// itself, so graph replays need no re-initialization. Cross-CTA data is read with ld.cg (L2), never L1.
+//   B. per-warp prefixes and the CTA's expert totals. With several CTAs: each CTA publishes its totals (u16 row of
+//      the workspace) and adds them to the expert totals; -- one grid barrier --; each CTA sums the rows of the
+//      CTAs before it (its base in every expert) and reads the totals;
+//   C. every CTA scans the padded counts into offsets, scatters its slots into sorted_slots/slot_rows, and the grid
+//      writes padding and block_experts.
+// A single CTA (small T) needs no barrier and no workspace. The barrier counts arrivals and bumps a generation word,
+// resetting itself; the totals are double-buffered by the generation's parity (the buffer of the next call is
+// zeroed during this one), so graph replays need no re-initialization. Cross-CTA data is read with ld.cg (L2).
 #pragma once
 
 #include "route_token.cuh"
@@ -15,34 +17,35 @@ namespace moekit::detail::router {
 
 inline constexpr int kThreads = 512;
 inline constexpr int kWarps = kThreads / 32;
-inline constexpr int kMaxCtas = 288;  // 2 per SM on a 132-SM H200, with room; workspace rows
+inline constexpr int kMaxCtas = 288;     // 2 per SM on a 132-SM H200, with room; workspace rows
+inline constexpr int kInfoCap = 8192;    // routed slots per CTA whose (expert, rank) stay in shared memory
 
-/// Rows of logits held per lane; above 8 a kernel needs 128 registers, so one CTA per SM.
+/// Values held per lane; above 8 a kernel needs up to 128 registers, so one CTA per SM.
 template <class In, int NC>
 inline constexpr int kValuesPerLane = NC * 16 / static_cast<int>(sizeof(In));
 template <class In, int NC>
 inline constexpr int kCtasPerSm = kValuesPerLane<In, NC> <= 8 ? 2 : 1;
-/// Grid bound of one instance: step C keeps ceil(ctas / 32) values per lane in registers.
-template <class In, int NC>
-inline constexpr int kMaxCtasOf = kCtasPerSm<In, NC> == 2 ? kMaxCtas : kMaxCtas / 2;
+
+__host__ __device__ inline int pad8(int n) { return (n + 7) & ~7; }
 
 /// Byte offsets of the dynamic shared memory regions (host and device agree on this).
 struct SmemLayout {
-  int hist = 0, bias = 0, scratch = 0, counts = 0, offsets = 0, base = 0, scan = 0, total = 0;
-  int scratch_words = 0;  // per warp, before the 32 kept-mask words
+  int hist = 0, bias = 0, scratch = 0, counts = 0, offsets = 0, base = 0, scan = 0, info = 0, total = 0;
+  int warp_words = 0;  // per-warp group scratch: keys [E] + 32 kept-mask words
 
   __host__ __device__ static int align16(int b) { return (b + 15) & ~15; }
-  __host__ __device__ static SmemLayout make(int experts, int groups, bool grouped) {
+  __host__ __device__ static SmemLayout make(int experts, int groups, bool grouped, int info_words) {
     SmemLayout l;
-    const int e_pad = (experts + 7) & ~7;
-    l.scratch_words = grouped ? (experts > 2 * kCandidateCap ? experts : 2 * kCandidateCap) : 2 * kCandidateCap;
+    const int e_pad = pad8(experts);
+    l.warp_words = grouped ? e_pad + 32 : 0;
+    const int group_bytes = kWarps * l.warp_words * 4, partial_bytes = kThreads * 8 * 4;
     int at = 0;
     l.hist = at;
     at = align16(at + kWarps * e_pad * 2);
     l.bias = at;
     at = align16(at + experts * 4);
-    l.scratch = at;
-    at = align16(at + kWarps * (l.scratch_words + 32) * 4);
+    l.scratch = at;  // group scratch during A, per-CTA partial sums during B
+    at = align16(at + (group_bytes > partial_bytes ? group_bytes : partial_bytes));
     l.counts = at;
     at = align16(at + groups * 4);
     l.offsets = at;
@@ -51,6 +54,8 @@ struct SmemLayout {
     at = align16(at + experts * 4);
     l.scan = at;
     at = align16(at + 32 * 4);
+    l.info = at;
+    at = align16(at + info_words * 4);
     l.total = at;
     return l;
   }
@@ -63,18 +68,18 @@ __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
 }
 
 /// All CTAs of the (co-resident) grid meet here. Self-resetting: the last arrival zeroes the count before it
-/// releases the others by bumping the generation.
-__device__ __forceinline__ void grid_barrier(uint32_t* bar) {
+/// releases the others by bumping the generation `gen` (read by every CTA before it arrived).
+__device__ __forceinline__ void grid_barrier(uint32_t* bar, uint32_t gen) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    const uint32_t gen = ld_acquire(bar + 1);
     __threadfence();
     if (atomicAdd(bar, 1u) + 1 == gridDim.x) {
       atomicExch(bar, 0u);
       __threadfence();
       atomicAdd(bar + 1, 1u);
     } else {
-      while (ld_acquire(bar + 1) == gen) __nanosleep(32);
+      while (ld_acquire(bar + 1) == gen) {
+      }
     }
     __threadfence();
   }
@@ -111,21 +116,65 @@ __device__ int block_exclusive_scan(int* data, int n, int* scan) {
   return total;
 }
 
+/// Sums the u16 count rows of CTAs [0, blockIdx.x) into out[e] (e < E): 16-byte L2 loads, several rows per thread
+/// in flight, partial sums through `partial` (kThreads * 8 ints).
+__device__ __forceinline__ void sum_earlier_rows(const uint16_t* rows, int experts, int* partial, int* out) {
+  const int e8 = pad8(experts), octets = e8 / 8, groups = kThreads / octets;
+  const int tid = threadIdx.x, o = tid % octets, g = tid / octets;
+  const int n = blockIdx.x;
+  if (g < groups) {
+    uint32_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    const uint4* col = reinterpret_cast<const uint4*>(rows) + o;
+    const int stride = e8 / 8;  // uint4 per row
+#pragma unroll 4
+    for (int c = g; c < n; c += groups) {
+      const uint4 w = __ldcg(col + static_cast<int64_t>(c) * stride);
+      acc[0] += w.x & 0xffffu;
+      acc[1] += w.x >> 16;
+      acc[2] += w.y & 0xffffu;
+      acc[3] += w.y >> 16;
+      acc[4] += w.z & 0xffffu;
+      acc[5] += w.z >> 16;
+      acc[6] += w.w & 0xffffu;
+      acc[7] += w.w >> 16;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) partial[g * e8 + o * 8 + i] = static_cast<int>(acc[i]);
+  }
+  __syncthreads();
+  for (int e = tid; e < experts; e += kThreads) {
+    int s = 0;
+    for (int h = 0; h < groups; ++h) s += partial[h * e8 + e];
+    out[e] = s;
+  }
+}
+
 template <class In, int NC>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>) route_fused_kernel(const __grid_constant__ RouteParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const SmemLayout L = SmemLayout::make(p.experts, p.groups, p.grouped);
+  const SmemLayout L = SmemLayout::make(p.experts, p.groups, p.grouped, p.info_words);
   const int E = p.experts, G = p.groups, K = p.top_k, Kt = p.slots, T = p.tokens;
-  const int e_pad = (E + 7) & ~7;
+  const int e_pad = pad8(E);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nb = gridDim.x;
   uint16_t* hist = reinterpret_cast<uint16_t*>(smem + L.hist);  // [kWarps][e_pad]
   float* bias_s = reinterpret_cast<float*>(smem + L.bias);        // [E]
   int* cnt_s = reinterpret_cast<int*>(smem + L.counts);            // [G]
   int* offs_s = reinterpret_cast<int*>(smem + L.offsets);          // [G+1]
   int* base_s = reinterpret_cast<int*>(smem + L.base);             // [E]
   int* scan_s = reinterpret_cast<int*>(smem + L.scan);             // [32]
-  uint32_t* scratch = reinterpret_cast<uint32_t*>(smem + L.scratch) + warp * (L.scratch_words + 32);
-  const WarpScratch ws{scratch, reinterpret_cast<uint64_t*>(scratch), scratch + L.scratch_words};
+  uint32_t* info_s = reinterpret_cast<uint32_t*>(smem + L.info);   // [tokens_per_cta, K] when info_words > 0
+  uint32_t* wscratch = reinterpret_cast<uint32_t*>(smem + L.scratch) + warp * L.warp_words;
+  const WarpScratch ws{wscratch, wscratch + e_pad};
+
+  // The first row's loads go out before anything else.
+  const int cta_t0 = blockIdx.x * p.tokens_per_cta;
+  const int cta_t1 = min(cta_t0 + p.tokens_per_cta, T);
+  const int t0 = min(cta_t0 + warp * p.tokens_per_warp, cta_t1);
+  const int t1 = min(t0 + p.tokens_per_warp, cta_t1);
+  RowRegs<In, NC> row;
+  if (t0 < t1) row.load(p, t0, lane);
+  const uint32_t gen = nb > 1 ? __ldcg(p.barrier + 1) : 0u;  // stable until every CTA has arrived
 
   for (int i = tid; i < kWarps * e_pad / 2; i += kThreads) reinterpret_cast<uint32_t*>(hist)[i] = 0;
   if (p.bias != nullptr)
@@ -135,27 +184,16 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>) route_fused_kern
   __syncthreads();
 
   // A. Route this warp's tokens, loading the next row while the current one is selected.
-  const int64_t cta_t0 = static_cast<int64_t>(blockIdx.x) * p.tokens_per_cta;
-  const int64_t cta_t1 = min(cta_t0 + p.tokens_per_cta, static_cast<int64_t>(T));
   {
-    const int64_t t0 = cta_t0 + static_cast<int64_t>(warp) * p.tokens_per_warp;
-    const int64_t t1 = min(t0 + p.tokens_per_warp, cta_t1);
     uint16_t* my_hist = hist + warp * e_pad;
     const float* bias_ptr = p.bias != nullptr ? bias_s : nullptr;
-    if (t0 < t1) {
-      RowRegs<In, NC> cur;
-      cur.load(p, t0, lane);
-      for (int64_t t = t0; t < t1; ++t) {
-        if constexpr (NC <= 4) {
-          RowRegs<In, NC> next;
-          if (t + 1 < t1) next.load(p, t + 1, lane);
-          route_token<In, NC>(p, t, cur, lane, bias_ptr, my_hist, ws);
-          cur = next;
-        } else {
-          route_token<In, NC>(p, t, cur, lane, bias_ptr, my_hist, ws);
-          if (t + 1 < t1) cur.load(p, t + 1, lane);
-        }
+    for (int t = t0; t < t1; ++t) {
+      const uint32_t info = route_token<In, NC>(p, t, row, t + 1 < t1 ? t + 1 : -1, lane, bias_ptr, my_hist, ws);
+      if (lane < K) {
+        if (p.info_words > 0) info_s[(t - cta_t0) * K + lane] = info;
+        else p.slot_rows[static_cast<int64_t>(t) * Kt + lane] = static_cast<int32_t>(info);
       }
+      __syncwarp();
     }
   }
   __syncthreads();
@@ -170,57 +208,31 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>) route_fused_kern
     }
     base_s[e] = run;
   }
-  const int nb = gridDim.x;
   if (nb > 1) {
-    int32_t* my_row = p.cta_hist + static_cast<int64_t>(blockIdx.x) * E;
-    for (int e = tid; e < E; e += kThreads) __stcg(my_row + e, base_s[e]);
-    grid_barrier(p.barrier);
-
-    // C. One warp per expert: exclusive scan over the CTAs, in place; the total is the expert's count.
-    constexpr int kPerLane = (kMaxCtasOf<In, NC> + 31) / 32;
-    const int per_lane = (nb + 31) / 32;  // <= kPerLane
-    for (int e = blockIdx.x * kWarps + warp; e < E; e += nb * kWarps) {
-      int v[kPerLane];
-      int sum = 0;
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const int c = lane * per_lane + i;
-        v[i] = (i < per_lane && c < nb) ? __ldcg(p.cta_hist + static_cast<int64_t>(c) * E + e) : 0;
-        sum += v[i];
-      }
-      int incl = sum;
-      for (int off = 1; off < 32; off <<= 1) {
-        const int n = __shfl_up_sync(kFullMask, incl, off);
-        if (lane >= off) incl += n;
-      }
-      int run = incl - sum;
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        const int c = lane * per_lane + i;
-        if (i < per_lane && c < nb) __stcg(p.cta_hist + static_cast<int64_t>(c) * E + e, run);
-        run += v[i];
-      }
-      if (lane == 31) __stcg(p.expert_counts + e, incl);
+    int32_t* totals = p.totals + (gen & 1u) * e_pad;
+    uint16_t* my_row = p.cta_rows + static_cast<int64_t>(blockIdx.x) * e_pad;
+    for (int e = tid; e < e_pad; e += kThreads) {
+      const int c = e < E ? base_s[e] : 0;
+      __stcg(my_row + e, static_cast<uint16_t>(c));
+      if (c > 0) atomicAdd(totals + e, c);
     }
-    grid_barrier(p.barrier);
-    for (int e = tid; e < E; e += kThreads) {
-      cnt_s[e] = __ldcg(p.expert_counts + e);
-      base_s[e] = __ldcg(my_row + e);
+    if (blockIdx.x == 0) {  // the next call's buffer: nobody reads it in this call
+      int32_t* next = p.totals + ((gen + 1u) & 1u) * e_pad;
+      for (int e = tid; e < e_pad; e += kThreads) __stcg(next + e, 0);
     }
+    grid_barrier(p.barrier, gen);
+    for (int e = tid; e < E; e += kThreads) cnt_s[e] = __ldcg(totals + e);
+    sum_earlier_rows(p.cta_rows, E, reinterpret_cast<int*>(smem + L.scratch), base_s);
   } else {
     for (int e = tid; e < E; e += kThreads) {
       cnt_s[e] = base_s[e];
       base_s[e] = 0;
-      p.expert_counts[e] = cnt_s[e];
     }
   }
-  for (int g = E + tid; g < G; g += kThreads) {
-    cnt_s[g] = T;
-    if (blockIdx.x == 0) p.expert_counts[g] = T;
-  }
+  for (int g = E + tid; g < G; g += kThreads) cnt_s[g] = T;
   __syncthreads();
 
-  // D. Offsets (every CTA), then the scatter of this CTA's slots.
+  // C. Offsets (every CTA), then the scatter of this CTA's slots.
   const int B = p.block;
   for (int g = tid; g < G; g += kThreads) offs_s[g] = (cnt_s[g] + B - 1) / B * B;
   __syncthreads();
@@ -229,27 +241,31 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>) route_fused_kern
   for (int e = tid; e < E; e += kThreads) base_s[e] += offs_s[e];
   __syncthreads();
   if (blockIdx.x == 0) {
-    for (int g = tid; g <= G; g += kThreads) p.expert_offsets[g] = offs_s[g];
+    for (int g = tid; g < G; g += kThreads) {
+      p.expert_counts[g] = cnt_s[g];
+      p.expert_offsets[g] = offs_s[g];
+    }
     if (tid == 0) {
+      p.expert_offsets[G] = used;
       p.extent[0] = used;
       p.extent[1] = used / B;
     }
   }
-  const int64_t s1 = cta_t1 * Kt;
-  for (int64_t s = cta_t0 * Kt + tid; s < s1; s += kThreads) {
-    const int64_t t = s / Kt;
-    const int k = static_cast<int>(s - t * Kt);
-    int row;
+  const int s1 = cta_t1 * Kt;
+  for (int s = cta_t0 * Kt + tid; s < s1; s += kThreads) {
+    const int t = s / Kt;
+    const int k = s - t * Kt;
+    int row_id;
     if (k < K) {
-      const uint32_t packed = static_cast<uint32_t>(p.slot_rows[s]);
+      const uint32_t packed = p.info_words > 0 ? info_s[(t - cta_t0) * K + k] : static_cast<uint32_t>(p.slot_rows[s]);
       const int e = static_cast<int>(packed >> 16);
-      const int w = static_cast<int>((t - cta_t0) / p.tokens_per_warp);
-      row = base_s[e] + hist[w * e_pad + e] + static_cast<int>(packed & 0xffffu);
+      const int w = (t - cta_t0) / p.tokens_per_warp;
+      row_id = base_s[e] + hist[w * e_pad + e] + static_cast<int>(packed & 0xffffu);
     } else {
-      row = offs_s[E + k - K] + static_cast<int>(t);
+      row_id = offs_s[E + k - K] + t;
     }
-    p.sorted_slots[row] = static_cast<int32_t>(s);
-    p.slot_rows[s] = row;
+    p.sorted_slots[row_id] = s;
+    p.slot_rows[s] = row_id;
   }
 
   // Padding rows and block -> expert, spread over the grid.

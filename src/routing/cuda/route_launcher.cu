@@ -1,8 +1,8 @@
 // Launcher of the fused router (route_kernel.cuh): picks the kernel instance for the logits dtype and expert count
-// from a constexpr table, sizes the grid (one CTA for small T, a co-resident cooperative grid for large T), and
-// launches once on the caller's stream. No allocation or synchronization per call: the occupancy query and the
-// shared-memory attribute are cached per kernel instance; the workspace comes with the plan (RoutePlan allocates
-// route_cuda_workspace_ints() zeroed int32 for CUDA plans).
+// from a constexpr table, sizes the grid (one CTA for small T, else a few tokens per CTA up to a co-resident
+// cooperative grid), and launches once on the caller's stream. No allocation or synchronization per call: the
+// occupancy query and the shared-memory attribute are cached per kernel instance; the workspace comes with the
+// plan (RoutePlan allocates route_cuda_workspace_ints() zeroed int32 for CUDA plans).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,13 +27,12 @@ using KernelFn = void (*)(RouteParams);
 struct KernelEntry {
   DType dtype;
   int chunks;    // NC: 16-byte vectors per lane
-  int max_ctas;  // grid bound of the instance (its step C registers)
   KernelFn fn;
 };
 
 template <class In, int NC>
 constexpr KernelEntry entry(DType dtype) {
-  return {dtype, NC, router::kMaxCtasOf<In, NC>, router::route_fused_kernel<In, NC>};
+  return {dtype, NC, router::route_fused_kernel<In, NC>};
 }
 
 // Expert capacity of an entry: 32 lanes * NC vectors * (16 / sizeof(element)).
@@ -70,7 +69,7 @@ int max_coresident_ctas(const KernelEntry& k, int smem_bytes, int device) {
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   const auto attr_key = std::make_tuple(k.fn, device, -1);
   if (cache.find(attr_key) == cache.end()) {
-    const int largest = SmemLayout::make(kMaxExperts, kMaxExperts + kMaxSlots, true).total;
+    const int largest = SmemLayout::make(kMaxExperts, kMaxExperts + kMaxSlots, true, router::kInfoCap).total;
     check(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, largest),
           "cudaFuncSetAttribute(route_fused_kernel)");
     cache.emplace(attr_key, largest);
@@ -79,7 +78,7 @@ int max_coresident_ctas(const KernelEntry& k, int smem_bytes, int device) {
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, router::kThreads, smem_bytes),
         "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  const int ctas = std::min(k.max_ctas, std::max(1, per_sm * sms));
+  const int ctas = std::min(router::kMaxCtas, std::max(1, per_sm * sms));
   cache.emplace(key, ctas);
   return ctas;
 }
@@ -91,13 +90,25 @@ int64_t capacity_rows(int64_t tokens, int experts, int slots, int groups, int bl
   return (rows + block - 1) / block * block;
 }
 
+// Grid heuristic (docs/benchmarks.md "## Router" has the sweep it was checked against on the H200).
+// Measured on the H200: sigmoid_grouped E=256 K=8: T=32 on 1/2/4/16 CTAs 23.4/19.6/18.5/18.3 us; T=64 on 4/16/64
+// CTAs 20.9/19.7/20.0 us; T=1024 on 64/128/256 CTAs 20.8/20.6/21.4 us. softmax_topk E=512 K=10: T=8 on 1/2 CTAs
+// 11.0/13.1 us; T=128 on 8/32/64/128 CTAs 15.5/15.1/15.1/16.6 us; T=512 on 32/64/128 CTAs 15.4/14.9/16.4 us.
+constexpr int64_t kSingleCtaTokens = router::kWarps;
+constexpr int64_t kSmallGridTokens = 128;
+constexpr int64_t kTokensPerCtaSmall = 4, kTokensPerCtaLarge = 8;
+constexpr int64_t kMaxGridCtas = 1 << 20;  // no bound of its own: the co-resident limit decides
+
 RouteCudaTuning g_tuning;
 int g_last_ctas = 0;
 
 }  // namespace
 
+// Layout: [0, 64) barrier words; [64, 64 + 2 * e8) expert totals, two generations; then kMaxCtas rows of e8
+// uint16 per-CTA counts (16-byte aligned: 64 and e8 are multiples of 8 ints).
 int64_t route_cuda_workspace_ints(const PlanShape& shape) {
-  return static_cast<int64_t>(router::kMaxCtas) * shape.num_experts + 64;
+  const int64_t e8 = router::pad8(shape.num_experts);
+  return 64 + 2 * e8 + router::kMaxCtas * e8 / 2;
 }
 
 void set_route_cuda_tuning(const RouteCudaTuning& tuning) { g_tuning = tuning; }
@@ -145,28 +156,34 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
 
   int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
-  const SmemLayout layout = SmemLayout::make(E, p.groups, p.grouped);
-  const int max_ctas = max_coresident_ctas(kernel, layout.total, device);
-  // Grid: one CTA up to 8 tokens (the grid barriers cost more than they save there); above, at least one token
-  // per warp and at least min(T, 32) CTAs, since a token costs a warp thousands of instructions and 16 busy warps
-  // share an SM's 4 schedulers. Fitted to the CTA sweep in docs/benchmarks.md (H200): e.g. T=128 17.0 us at 32
-  // CTAs vs 19.7 at 16; T=1024 18.6 us at 64 vs 24.5 at 32; T=8 10.7 us on 1 CTA vs 16.5 on 8.
-  const int64_t by_warps = (T + router::kWarps - 1) / router::kWarps, by_sm = std::min<int64_t>(32, T);
-  int ctas = T <= 8 ? 1 : static_cast<int>(std::min<int64_t>(max_ctas, std::max(by_warps, by_sm)));
-  if (g_tuning.ctas > 0) ctas = std::min(g_tuning.ctas, max_ctas);
-  ctas = std::max(ctas, 1);
+  // Grid: one CTA while every warp has at most one token (no grid barrier, no cross-CTA scan); above, a few tokens
+  // per CTA up to the co-resident grid: fewer busy warps per SM shorten each token's latency (the per-token path
+  // is a dependent chain stalled on instruction fetch and fixed latencies, not on issue).
+  const int64_t per_cta = T <= kSmallGridTokens ? kTokensPerCtaSmall : kTokensPerCtaLarge;
+  int ctas = T <= kSingleCtaTokens ? 1 : static_cast<int>(std::min<int64_t>(kMaxGridCtas, (T + per_cta - 1) / per_cta));
+  if (g_tuning.ctas > 0) ctas = g_tuning.ctas;
+  // The co-resident bound depends on the shared memory, which depends on the tokens per CTA: size with the
+  // largest layout first, then settle the grid.
+  const int max_ctas = max_coresident_ctas(kernel, SmemLayout::make(E, p.groups, p.grouped, router::kInfoCap).total,
+                                           device);
+  ctas = std::max(1, std::min(ctas, max_ctas));
   p.tokens_per_cta = static_cast<int>((T + ctas - 1) / ctas);
-  ctas = std::max<int64_t>(1, (T + std::max(p.tokens_per_cta, 1) - 1) / std::max(p.tokens_per_cta, 1));
+  const int64_t tpc = std::max(p.tokens_per_cta, 1);
+  ctas = static_cast<int>(std::max<int64_t>(1, (T + tpc - 1) / tpc));
   p.tokens_per_warp = (p.tokens_per_cta + router::kWarps - 1) / router::kWarps;
-  if (p.tokens_per_cta > 65535)
+  if (p.tokens_per_cta > 65535)  // per-CTA counts and per-warp ranks are uint16
     throw NotSupported("route", "tokens (" + std::to_string(T) + ") must be <= " +
                                     std::to_string(65535LL * max_ctas) + " on this GPU");
+  const int64_t info = static_cast<int64_t>(p.tokens_per_cta) * p.top_k;
+  p.info_words = info <= router::kInfoCap ? static_cast<int>(info) : 0;
+  const SmemLayout layout = SmemLayout::make(E, p.groups, p.grouped, p.info_words);
   if (ctas > 1) {
     int32_t* ws = plan.workspace;
     if (ws == nullptr)
       throw Internal("route", "a CUDA plan must carry the router's workspace (RoutePlan allocates it)");
     p.barrier = reinterpret_cast<uint32_t*>(ws);
-    p.cta_hist = ws + 64;
+    p.totals = ws + 64;
+    p.cta_rows = reinterpret_cast<uint16_t*>(ws + 64 + 2 * router::pad8(E));
   }
 
   cudaLaunchConfig_t config{};

@@ -1,10 +1,10 @@
-// Warp-per-token top-k of the fused router: one warp reads a token's logits row (16-byte loads, lane l holding V
-// consecutive experts of each 32*V-wide chunk), computes the selection keys with routing_math (bit-identical to
-// the CPU), applies group limiting, then selects the K best (key, expert) pairs:
-//   1. threshold tau = K-th largest of the 32 lane maxima, so at least K keys are >= tau and all top-K are;
-//   2. the keys >= tau (usually a few dozen) are compacted into shared memory, at most kCandidateCap of them;
-//   3. K rounds of two warp max-reductions (REDUX) over the lanes' heads of their sorted candidates.
-// When ties push the candidate count past the cap, K rounds run over all keys instead (slow but exact).
+// Warp-per-token top-k of the fused router. One warp reads a token's logits row (16-byte loads: lane l holds V
+// consecutive experts of each 32*V-wide chunk, NC chunks, so the expert capacity is a compile-time constant and
+// every per-value loop unrolls into registers), computes each selection key once with routing_math (bit-identical
+// to the CPU) as an order-preserving integer (0 = not selectable, NaN = 1), applies group limiting, then picks
+// the K best by K rounds of a warp argmax (two REDUX: key, then lowest expert among equal keys). Each lane offers
+// its own best and keeps its second best, so only a lane that wins twice rescans its keys (those below the last
+// one it gave away: a lane's winners always leave in descending order).
 #pragma once
 
 #include <cstdint>
@@ -17,7 +17,6 @@ namespace moekit::detail::router {
 namespace rm = moekit::routing_math;
 
 inline constexpr uint32_t kFullMask = 0xffffffffu;
-inline constexpr int kCandidateCap = 128;  // 4 per lane
 
 /// Everything one launch reads and writes. Pointers are device memory; sizes in elements.
 struct RouteParams {
@@ -34,17 +33,19 @@ struct RouteParams {
   int vector_ok = 0;             // rows 16-byte aligned and E a multiple of the vector width
   int64_t capacity = 0;          // sorted_slots rows for this T
   int tokens_per_cta = 0, tokens_per_warp = 0;
+  int info_words = 0;            // > 0: (expert << 16 | rank) of routed slots kept in shared memory [tokens_per_cta, K]
   int32_t* topk_ids = nullptr;       // [T, Kt]
   float* topk_weights = nullptr;     // [T, Kt]
   int32_t* expert_counts = nullptr;  // [G]
   int32_t* expert_offsets = nullptr; // [G+1]
   int32_t* sorted_slots = nullptr;   // [capacity]
-  int32_t* slot_rows = nullptr;      // [T, Kt]; holds (expert << 16 | rank in warp) until the scatter
+  int32_t* slot_rows = nullptr;      // [T, Kt]; (expert << 16 | rank in warp) until the scatter if info_words = 0
   int32_t* block_experts = nullptr;  // [capacity / B]
   int32_t* extent = nullptr;         // [2]
   int16_t* replay = nullptr;         // [R, K] or null
-  int32_t* cta_hist = nullptr;       // workspace [gridDim.x, E]
   uint32_t* barrier = nullptr;       // workspace [2]: arrivals, generation
+  int32_t* totals = nullptr;         // workspace [2][e_pad8]: expert totals, one buffer per generation parity
+  uint16_t* cta_rows = nullptr;      // workspace [kMaxCtas][e_pad8]: per-CTA expert counts
 };
 
 /// Raw bf16 bits, so the device code needs no cuda_bf16 header.
@@ -72,11 +73,6 @@ __device__ __forceinline__ float load_one(const Bf16* p) {
 /// Inverse of rm::ordered_key (NaN comes back as a NaN, -0 as +0).
 __device__ __forceinline__ float from_ordered(uint32_t o) {
   return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
-}
-
-/// rm::packed_key() of an already ordered key.
-__device__ __forceinline__ uint64_t pack(uint32_t ordered, int expert) {
-  return static_cast<uint64_t>(ordered) << 32 | (0xffffffffu - static_cast<uint32_t>(expert));
 }
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -128,230 +124,181 @@ struct RowRegs {
   }
 };
 
-/// Per-warp shared memory: [scratch_words] u32 (group keys, then candidates) and 32 kept-group mask words.
+/// Expert held in a lane's value j (j = chunk * V + i); j may be a run-time value.
+template <int V>
+__device__ __forceinline__ int expert_of(int j, int lane) {
+  return (j / V) * 32 * V + lane * V + (j % V);
+}
+
+/// Per-warp shared memory for group limiting: keys [E] (then group scores) and 32 kept-group mask words.
 struct WarpScratch {
-  uint32_t* keys;      // [E] ordered keys (grouped), aliased by the candidates
-  uint64_t* cands;     // [kCandidateCap]
-  uint32_t* kept;      // [32] bit g: group g kept
+  uint32_t* keys;
+  uint32_t* kept;
 };
 
-/// Routes token t: writes its ids, weights, replay row and (expert << 16 | rank) into slot_rows, and bumps the
-/// warp's expert histogram `hist` [E] (ranks are per warp in token order, so the plan is deterministic).
+/// The lane's best two keys strictly below (bk, bj) in selection order (key descending, then j ascending); with
+/// bk = ~0u and bj = -1 nothing is excluded except key 0. A key of 0 in k0/k1 means none.
+template <int VPT>
+__device__ __forceinline__ void lane_top2(const uint32_t (&k)[VPT], uint32_t bk, int bj, uint32_t& k0, int& j0,
+                                          uint32_t& k1, int& j1) {
+  k0 = 0;
+  k1 = 0;
+  j0 = 0;
+  j1 = 0;
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const uint32_t v = (k[j] < bk || (k[j] == bk && j > bj)) ? k[j] : 0u;
+    if (v > k0) {
+      k1 = k0;
+      j1 = j0;
+      k0 = v;
+      j0 = j;
+    } else if (v > k1) {
+      k1 = v;
+      j1 = j;
+    }
+  }
+}
+
+/// Group limiting: group score = sum of its two best keys; keys of groups outside the topk_group best become 0.
+template <int V, int VPT>
+__device__ __forceinline__ void limit_groups(const RouteParams& p, uint32_t (&k)[VPT], int lane,
+                                             const WarpScratch& ws) {
+  const int E = p.experts;
+  // Shared copy with the reference's key convention (NaN -> 0).
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const int e = expert_of<V>(j, lane);
+    if (e < E) ws.keys[e] = k[j] == 1u ? 0u : k[j];
+  }
+  __syncwarp();
+  const int ng = p.n_group, gs = p.group_size;
+  int lpg = 1;  // lanes per group: a power of two
+  if (ng < 32) lpg = 1 << (31 - __clz(32 / ng));
+  const int per_iter = 32 / lpg;
+  for (int g0 = 0; g0 < ng; g0 += per_iter) {
+    const int g = g0 + lane / lpg, s = lane & (lpg - 1);
+    uint32_t a1 = 0, a2 = 0;
+    if (g < ng)
+      for (int j = s; j < gs; j += lpg) {
+        const uint32_t o = ws.keys[g * gs + j];
+        if (o > a1) {
+          a2 = a1;
+          a1 = o;
+        } else if (o > a2) {
+          a2 = o;
+        }
+      }
+    for (int off = 1; off < lpg; off <<= 1) {
+      const uint32_t b1 = __shfl_xor_sync(kFullMask, a1, off), b2 = __shfl_xor_sync(kFullMask, a2, off);
+      const uint32_t hi = max(a1, b1), lo = max(min(a1, b1), max(a2, b2));
+      a1 = hi;
+      a2 = lo;
+    }
+    const float score = gs == 1 ? from_ordered(a1) : rm::add(from_ordered(a1), from_ordered(a2));
+    __syncwarp();
+    // Overwrites keys of groups <= g only, all read already.
+    if (g < ng && s == 0) ws.keys[g] = rm::ordered_key(score);
+    __syncwarp();
+  }
+  for (int g0 = 0; g0 < ng; g0 += 32) {
+    const int g = g0 + lane;
+    bool kept = false;
+    if (g < ng) {
+      const uint32_t og = ws.keys[g];
+      int rank = 0;
+      for (int h = 0; h < ng && rank < p.topk_group; ++h) {
+        const uint32_t oh = ws.keys[h];
+        rank += (oh > og) || (oh == og && h < g);
+      }
+      kept = rank < p.topk_group;
+    }
+    const uint32_t bits = __ballot_sync(kFullMask, kept);
+    if (lane == 0) ws.kept[g0 >> 5] = bits;
+  }
+  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const uint32_t e = static_cast<uint32_t>(expert_of<V>(j, lane));
+    const uint32_t g = __umulhi(e, p.group_magic);
+    if (e < static_cast<uint32_t>(E) && !((ws.kept[g >> 5] >> (g & 31)) & 1)) k[j] = 0;
+  }
+  __syncwarp();  // the next token's keys overwrite ws.keys
+}
+
+/// Routes token t from `row` and, once the keys are computed, starts loading token `next` (if >= 0) into `row`.
+/// Writes the token's ids, weights and replay row; returns (expert << 16 | rank in warp) of slot `lane` (lanes
+/// < K; ranks count earlier tokens of this warp, so the plan is deterministic) and bumps the warp's histogram.
 template <class In, int NC>
-__device__ __forceinline__ void route_token(const RouteParams& p, int64_t t, const RowRegs<In, NC>& row, int lane,
-                                            const float* bias_s, uint16_t* hist, const WarpScratch& ws) {
+__device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t, RowRegs<In, NC>& row, int64_t next,
+                                                int lane, const float* bias_s, uint16_t* hist, const WarpScratch& ws) {
   constexpr int V = RowRegs<In, NC>::V;
   constexpr int VPT = NC * V;
   const int E = p.experts, K = p.top_k;
   const auto method = static_cast<RoutingMethod>(p.method);
 
   float x[VPT];
-  uint32_t vmask = 0;
 #pragma unroll
   for (int c = 0; c < NC; ++c)
 #pragma unroll
-    for (int i = 0; i < V; ++i) {
-      x[c * V + i] = element(row.v[c], i, static_cast<In*>(nullptr));
-      if ((c * 32 + lane) * V + i < E) vmask |= 1u << (c * V + i);
-    }
+    for (int i = 0; i < V; ++i) x[c * V + i] = element(row.v[c], i, static_cast<In*>(nullptr));
 
-  // softmax_topk: the row max over non-NaN logits and (without renormalization) the full-row denominator. Terms
-  // follow the reference's conventions: NaN -> 0, the max itself -> exactly 1.
+  // softmax_topk: the row max over non-NaN logits and (without renormalization) the full-row denominator.
   float row_max = 0.0f, denom = 1.0f;
   if (method == RoutingMethod::softmax_topk) {
     uint32_t om = 0;
 #pragma unroll
     for (int j = 0; j < VPT; ++j)
-      if (vmask >> j & 1) om = max(om, rm::ordered_key(x[j]));
+      if (expert_of<V>(j, lane) < E) om = max(om, rm::ordered_key(x[j]));
     row_max = from_ordered(__reduce_max_sync(kFullMask, om));
     if (row_max != row_max) row_max = -__int_as_float(0x7f800000);  // every logit NaN
     if (!p.renormalize) {
       float s = 0.0f;
 #pragma unroll
       for (int j = 0; j < VPT; ++j)
-        if ((vmask >> j & 1) && x[j] == x[j]) s += x[j] == row_max ? 1.0f : fast_exp(x[j] - row_max);
+        if (expert_of<V>(j, lane) < E && x[j] == x[j]) s += x[j] == row_max ? 1.0f : fast_exp(x[j] - row_max);
       denom = warp_sum(s);
     }
   }
 
-  // Selection keys as order-preserving integers.
-  uint32_t hk[VPT];
+  // Selection keys, once per value: 0 for columns past E, NaN as 1 (below every number, above "none").
+  uint32_t k[VPT];
 #pragma unroll
-  for (int c = 0; c < NC; ++c)
-#pragma unroll
-    for (int i = 0; i < V; ++i) {
-      const int j = c * V + i;
-      float key = method == RoutingMethod::sigmoid_grouped ? rm::sigmoid(x[j]) : x[j];
-      if (bias_s != nullptr && (vmask >> j & 1)) key = rm::add(key, bias_s[(c * 32 + lane) * V + i]);
-      hk[j] = rm::ordered_key(key);
-    }
+  for (int j = 0; j < VPT; ++j) {
+    const int e = expert_of<V>(j, lane);
+    float key = method == RoutingMethod::sigmoid_grouped ? rm::sigmoid(x[j]) : x[j];
+    if (bias_s != nullptr && e < E) key = rm::add(key, bias_s[e]);
+    k[j] = e < E ? max(rm::ordered_key(key), 1u) : 0u;
+  }
+  if (next >= 0) row.load(p, next, lane);  // the row registers are free now
+  if (p.grouped) limit_groups<V>(p, k, lane, ws);
 
-  // Group limiting: group score = sum of its two best keys; keep the topk_group best groups.
-  if (p.grouped) {
-#pragma unroll
-    for (int c = 0; c < NC; ++c)
-#pragma unroll
-      for (int i = 0; i < V; ++i)
-        if (vmask >> (c * V + i) & 1) ws.keys[(c * 32 + lane) * V + i] = hk[c * V + i];
-    __syncwarp();
-    const int ng = p.n_group, gs = p.group_size;
-    int lpg = 1;  // lanes per group: a power of two
-    if (ng < 32) lpg = 1 << (31 - __clz(32 / ng));
-    const int per_iter = 32 / lpg;
-    for (int g0 = 0; g0 < ng; g0 += per_iter) {
-      const int g = g0 + lane / lpg, s = lane & (lpg - 1);
-      uint32_t a1 = 0, a2 = 0;
-      if (g < ng)
-        for (int j = s; j < gs; j += lpg) {
-          const uint32_t o = ws.keys[g * gs + j];
-          if (o > a1) {
-            a2 = a1;
-            a1 = o;
-          } else if (o > a2) {
-            a2 = o;
-          }
-        }
-      for (int off = 1; off < lpg; off <<= 1) {
-        const uint32_t b1 = __shfl_xor_sync(kFullMask, a1, off), b2 = __shfl_xor_sync(kFullMask, a2, off);
-        const uint32_t hi = max(a1, b1), lo = max(min(a1, b1), max(a2, b2));
-        a1 = hi;
-        a2 = lo;
+  // K rounds of warp argmax over the lanes' offers (k0, j0); the winner falls back to its second best.
+  uint32_t k0, k1;
+  int j0, j1;
+  lane_top2(k, ~0u, -1, k0, j0, k1, j1);
+  bool second_known = true;
+  uint32_t sel_lo = 0;
+  for (int r = 0; r < K; ++r) {
+    const uint32_t lo = 0xffffffffu - static_cast<uint32_t>(expert_of<V>(j0, lane));
+    const uint32_t mhi = __reduce_max_sync(kFullMask, k0);
+    const uint32_t mlo = __reduce_max_sync(kFullMask, k0 == mhi ? lo : 0u);
+    if (lane == r) sel_lo = mlo;
+    if (k0 == mhi && lo == mlo) {
+      if (second_known) {
+        k0 = k1;
+        j0 = j1;
+        second_known = false;
+      } else {
+        lane_top2(k, k0, j0, k0, j0, k1, j1);
+        second_known = true;
       }
-      const float score = gs == 1 ? from_ordered(a1) : rm::add(from_ordered(a1), from_ordered(a2));
-      __syncwarp();
-      // Overwrites keys of groups <= g only, all read already.
-      if (g < ng && s == 0) ws.keys[g] = rm::ordered_key(score);
-      __syncwarp();
-    }
-    for (int g0 = 0; g0 < ng; g0 += 32) {
-      const int g = g0 + lane;
-      bool kept = false;
-      if (g < ng) {
-        const uint32_t og = ws.keys[g];
-        int rank = 0;
-        for (int h = 0; h < ng && rank < p.topk_group; ++h) {
-          const uint32_t oh = ws.keys[h];
-          rank += (oh > og) || (oh == og && h < g);
-        }
-        kept = rank < p.topk_group;
-      }
-      const uint32_t bits = __ballot_sync(kFullMask, kept);
-      if (lane == 0) ws.kept[g0 >> 5] = bits;
-    }
-    __syncwarp();
-#pragma unroll
-    for (int c = 0; c < NC; ++c)
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        const int j = c * V + i;
-        const uint32_t g = __umulhi(static_cast<uint32_t>((c * 32 + lane) * V + i), p.group_magic);
-        if ((vmask >> j & 1) && !((ws.kept[g >> 5] >> (g & 31)) & 1)) vmask &= ~(1u << j);
-      }
-  }
-
-  // 1. tau = K-th largest lane maximum.
-  uint32_t lane_max = 0;
-#pragma unroll
-  for (int j = 0; j < VPT; ++j)
-    if (vmask >> j & 1) lane_max = max(lane_max, hk[j]);
-  uint32_t tau = 0;
-  {
-    uint32_t xm = lane_max;
-    int need = K;
-    for (;;) {
-      const uint32_t m = __reduce_max_sync(kFullMask, xm);
-      const int c = __popc(__ballot_sync(kFullMask, xm == m));
-      if (c >= need || m == 0) {
-        tau = m;
-        break;
-      }
-      need -= c;
-      if (xm == m) xm = 0;
-    }
-  }
-  // 2. Compact the candidates (valid keys >= tau).
-  int mine = 0;
-#pragma unroll
-  for (int j = 0; j < VPT; ++j) mine += (vmask >> j & 1) && hk[j] >= tau;
-  int incl = mine;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const int n = __shfl_up_sync(kFullMask, incl, off);
-    if (lane >= off) incl += n;
-  }
-  const int total = __shfl_sync(kFullMask, incl, 31);
-  uint64_t sel = 0;
-  if (total <= kCandidateCap) {
-    int pos = incl - mine;
-#pragma unroll
-    for (int c = 0; c < NC; ++c)
-#pragma unroll
-      for (int i = 0; i < V; ++i) {
-        const int j = c * V + i;
-        if ((vmask >> j & 1) && hk[j] >= tau) ws.cands[pos++] = pack(hk[j], (c * 32 + lane) * V + i);
-      }
-    __syncwarp();
-    uint64_t c0 = 0, c1 = 0, c2 = 0, c3 = 0;
-    if (lane < total) c0 = ws.cands[lane];
-    if (lane + 32 < total) c1 = ws.cands[lane + 32];
-    if (lane + 64 < total) c2 = ws.cands[lane + 64];
-    if (lane + 96 < total) c3 = ws.cands[lane + 96];
-    __syncwarp();
-    auto ce = [](uint64_t& a, uint64_t& b) {
-      const uint64_t hi = a > b ? a : b, lo = a > b ? b : a;
-      a = hi;
-      b = lo;
-    };
-    if (total > 32) {
-      ce(c0, c1);
-      ce(c2, c3);
-      ce(c0, c2);
-      ce(c1, c3);
-      ce(c1, c2);
-    }
-    // 3. K rounds: the best head wins and pops.
-    for (int k = 0; k < K; ++k) {
-      const uint32_t hi = static_cast<uint32_t>(c0 >> 32);
-      const uint32_t mhi = __reduce_max_sync(kFullMask, hi);
-      const uint32_t mlo = __reduce_max_sync(kFullMask, hi == mhi ? static_cast<uint32_t>(c0) : 0u);
-      if (hi == mhi && static_cast<uint32_t>(c0) == mlo) {
-        c0 = c1;
-        c1 = c2;
-        c2 = c3;
-        c3 = 0;
-      }
-      if (lane == k) sel = static_cast<uint64_t>(mhi) << 32 | mlo;
-    }
-  } else {
-    // Heavy ties: K rounds over every key.
-    uint32_t taken = 0;
-    for (int k = 0; k < K; ++k) {
-      uint64_t best = 0;
-      int bi = -1;
-#pragma unroll
-      for (int c = 0; c < NC; ++c)
-#pragma unroll
-        for (int i = 0; i < V; ++i) {
-          const int j = c * V + i;
-          if ((vmask >> j & 1) && !(taken >> j & 1)) {
-            const uint64_t pk = pack(hk[j], (c * 32 + lane) * V + i);
-            if (pk > best) {
-              best = pk;
-              bi = j;
-            }
-          }
-        }
-      const uint32_t hi = static_cast<uint32_t>(best >> 32);
-      const uint32_t mhi = __reduce_max_sync(kFullMask, hi);
-      const uint32_t mlo = __reduce_max_sync(kFullMask, hi == mhi ? static_cast<uint32_t>(best) : 0u);
-      if (bi >= 0 && hi == mhi && static_cast<uint32_t>(best) == mlo) taken |= 1u << bi;
-      if (lane == k) sel = static_cast<uint64_t>(mhi) << 32 | mlo;
     }
   }
 
-  // Weights of the K routed slots (lane k holds slot k).
+  // Weights of the K routed slots (lane r holds slot r).
   const bool routed = lane < K;
-  const int expert = routed ? rm::packed_expert(sel) : 0;
+  const int expert = routed ? static_cast<int>(0xffffffffu - sel_lo) : 0;
   const float raw = routed ? load_one(static_cast<const In*>(p.logits) + t * p.row_stride + expert) : 0.0f;
   float w = 0.0f;
   switch (method) {
@@ -383,18 +330,19 @@ __device__ __forceinline__ void route_token(const RouteParams& p, int64_t t, con
   w = rm::mul(w, p.scale);
 
   const int64_t base = t * p.slots;
+  uint32_t info = 0;
   if (routed) {
     const uint32_t r = hist[expert];
     hist[expert] = static_cast<uint16_t>(r + 1);
+    info = static_cast<uint32_t>(expert) << 16 | r;
     p.topk_ids[base + lane] = expert;
     p.topk_weights[base + lane] = w;
-    p.slot_rows[base + lane] = static_cast<int32_t>(static_cast<uint32_t>(expert) << 16 | r);
     if (p.replay != nullptr) p.replay[t * K + lane] = static_cast<int16_t>(expert);
   } else if (lane < p.slots) {
     p.topk_ids[base + lane] = E + lane - K;
     p.topk_weights[base + lane] = 1.0f;
   }
-  __syncwarp();
+  return info;
 }
 
 }  // namespace moekit::detail::router
