@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # GPU check, run on a machine with an H200/H100: builds everything with all cores, runs every GPU test executable
-# (tests/gpu/*_test.cu -> $BUILD_DIR/tests/gpu_*), compute-sanitizer memcheck and racecheck over the router test,
-# then the key benchmarks, and prints a short table last. Logs and JSON go to $OUT_DIR.
-#   scripts/gpu-check.sh                          build in ./build, logs in ./gpu-check-out
-#   BUILD_DIR=build-x SKIP_BUILD=1 scripts/...    reuse binaries built elsewhere
-# Exit status: 0 when every step passed.
+# (tests/gpu/*_test.cu -> $BUILD_DIR/tests/gpu_*), compute-sanitizer memcheck and racecheck, the key benchmarks,
+# the unified layer (demo, tuned vs default, tuning time) and the expert-parallel check, printing short tables last.
+# Logs and JSON go to $OUT_DIR.
+#   scripts/gpu-check.sh                          everything; build in ./build, logs in ./gpu-check-out
+#   PARTS="build tests" scripts/gpu-check.sh      a subset of: build tests sanitize bench layer ep
+#   BUILD_DIR=build-x PARTS=bench ...             reuse binaries built earlier
+# NCCL's NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Exit status: 0 when every step passed.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 build="${BUILD_DIR:-build}"
 out="${OUT_DIR:-$root/gpu-check-out}"
+parts=" ${PARTS:-build tests sanitize bench layer ep} "
+sanitizer_limit="${SANITIZER_TIMEOUT:-300}"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 mkdir -p "$out"
 summary=()
 failed=0
+want() { [[ "$parts" == *" $1 "* ]]; }
 
 # step NAME CMD...: runs CMD with its output in $out/NAME.log and records the outcome.
 step() {
@@ -28,48 +34,79 @@ step() {
     tail -n 30 "$out/$name.log"
   fi
 }
+show() {  # show LOG...: the table lines of benchmark logs
+  for b in "$@"; do [[ -f "$out/$b.log" ]] && grep -E '^\||copy|^backend|^time|tuned in|staged tuning' "$out/$b.log"; echo; done
+}
 
-nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
+nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
+moekit="$build/tools/moekit"
 
-if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
+if want build; then
   step build bash -c "cmake -S . -B '$build' -G Ninja -DMOEKIT_DEPS_DIR='$root/.deps' && ninja -C '$build' -j$(nproc)"
 fi
 
-for t in "$build"/tests/gpu_*; do
-  [[ -x "$t" && -f "$t" ]] && step "$(basename "$t")" "$t"
-done
+if want tests; then
+  for t in "$build"/tests/gpu_*; do
+    [[ -x "$t" && -f "$t" ]] && step "$(basename "$t")" "$t"
+  done
+  step runtime_test "$build/tests/runtime_test"
+fi
 
-# Sanitizers over the router test (quick case list: the tools slow kernels 10-100x).
-if command -v compute-sanitizer >/dev/null; then
-  limit="${SANITIZER_TIMEOUT:-900}"
-  step memcheck_gpu_route timeout "$limit" env MOEKIT_TEST_QUICK=1 compute-sanitizer --tool memcheck --error-exitcode 1 \
-    "$build/tests/gpu_route_test"
-  # racecheck aborts CUDA-graph replays of the cooperative router kernel with an illegal-address error that neither
-  # a plain run nor memcheck shows (0 hazards reported); its graph test runs under memcheck only.
-  step racecheck_gpu_route timeout "$limit" env MOEKIT_TEST_QUICK=1 compute-sanitizer --tool racecheck --racecheck-report all \
-    --error-exitcode 1 "$build/tests/gpu_route_test" --gtest_filter=-*Graph*
-else
-  summary+=("| sanitizers | SKIPPED (no compute-sanitizer) | |")
+# Sanitizers (quick case lists: the tools slow kernels 10-100x).
+if want sanitize; then
+  if command -v compute-sanitizer >/dev/null; then
+    cs() { timeout "$sanitizer_limit" env MOEKIT_TEST_QUICK=1 compute-sanitizer "$@"; }
+    step memcheck_gpu_route cs --tool memcheck --error-exitcode 1 "$build/tests/gpu_route_test"
+    step racecheck_gpu_route cs --tool racecheck --racecheck-report all --error-exitcode 1 \
+      "$build/tests/gpu_route_test" --gtest_filter=-*Graph*
+    step racecheck_gpu_route_graph cs --tool racecheck --racecheck-report all --error-exitcode 1 \
+      "$build/tests/gpu_route_test" --gtest_filter=*Graph*
+    step memcheck_gpu_experts cs --tool memcheck --error-exitcode 1 "$build/tests/gpu_experts_test" \
+      --gtest_filter='*Skewed*:*GraphCapture*:*Reject*'
+    step racecheck_gpu_experts cs --tool racecheck --racecheck-report all --error-exitcode 1 \
+      "$build/tests/gpu_experts_test" --gtest_filter='*Skewed*'
+  else
+    summary+=("| sanitizers | SKIPPED (no compute-sanitizer) | |")
+  fi
 fi
 
 # Key benchmarks (each verifies against the CPU reference before timing).
-moekit="$build/tools/moekit"
-step bench_route_seed6 "$moekit" bench route --fixtures seed6 --json "$out/bench_route_seed6.json"
-step bench_route_dsv3 "$moekit" bench route --fixtures dsv3 --json "$out/bench_route_dsv3.json"
-
-# GPU experts: memcheck over the skewed-routing, graph and argument cases; the MoE bench on two presets.
-if command -v compute-sanitizer >/dev/null; then
-  step memcheck_gpu_experts timeout "${SANITIZER_TIMEOUT:-900}" compute-sanitizer --tool memcheck --error-exitcode 1 \
-    "$build/tests/gpu_experts_test" --gtest_filter='*Skewed*:*GraphCapture*:*Reject*'
+if want bench; then
+  step bench_route_seed6 "$moekit" bench route --fixtures seed6 --json "$out/bench_route_seed6.json"
+  step bench_route_dsv3 "$moekit" bench route --fixtures dsv3 --json "$out/bench_route_dsv3.json"
+  for p in mixtral-8x7b qwen3-30b-a3b deepseek-v3 qwen3-next-80b gpt-oss-120b; do
+    step "bench_moe_$p" "$moekit" bench moe --preset "$p" --tokens 1,16,64,256,1024,4096,16384 \
+      --json "$out/bench_moe_$p.json"
+  done
+  jsons=()
+  for p in mixtral-8x7b qwen3-30b-a3b deepseek-v3 qwen3-next-80b gpt-oss-120b; do
+    [[ -f "$out/bench_moe_$p.json" ]] && jsons+=("$out/bench_moe_$p.json")
+  done
+  python3 scripts/plot_moe.py "$out/moe_floor_fraction.png" "${jsons[@]}" >"$out/plot.log" 2>&1 ||
+    summary+=("| plot | FAILED ($out/plot.log) | |")
+  show bench_route_seed6 bench_route_dsv3 bench_moe_mixtral-8x7b bench_moe_qwen3-30b-a3b bench_moe_deepseek-v3 \
+    bench_moe_qwen3-next-80b bench_moe_gpt-oss-120b
 fi
-step bench_moe_qwen3 "$moekit" bench moe --preset qwen3-30b-a3b --tokens 1,64,1024,16384 --json "$out/bench_moe_qwen3.json"
-step bench_moe_dsv3 "$moekit" bench moe --preset deepseek-v3 --tokens 1,64,1024,16384 --json "$out/bench_moe_dsv3.json"
 
-echo
-for b in bench_route_seed6 bench_route_dsv3 bench_moe_qwen3 bench_moe_dsv3; do
-  [[ -f "$out/$b.log" ]] && grep -E '^\||copy' "$out/$b.log"
-  echo
-done
+# The unified layer: the demo through MoELayer ("auto" picks cuda_bf16), the tuned pair against the default pair at
+# T = 1, 64, 4096 per preset, and the wall time of tuning one preset over 7 token counts into a fresh cache.
+if want layer; then
+  step demo_cuda "$moekit" demo --backend cuda
+  for p in mixtral-8x7b qwen3-30b-a3b deepseek-v3 qwen3-next-80b gpt-oss-120b; do
+    step "bench_moe_tuned_$p" "$moekit" bench moe --tuned --preset "$p" --json "$out/bench_moe_tuned_$p.json"
+  done
+  rm -f "$out/tune_qwen3.json" "$out/tune_qwen3.json.lock"
+  step tune_qwen3 "$moekit" tune --preset qwen3-30b-a3b --tokens 1,16,64,256,1024,4096,16384 \
+    --cache "$out/tune_qwen3.json" --progress lines
+  show demo_cuda bench_moe_tuned_mixtral-8x7b bench_moe_tuned_qwen3-30b-a3b bench_moe_tuned_deepseek-v3 \
+    bench_moe_tuned_qwen3-next-80b bench_moe_tuned_gpt-oss-120b tune_qwen3
+fi
+
+if want ep; then
+  step ep_check env BUILD_DIR="$build" OUT_DIR="$out/ep" bash scripts/ep-check.sh
+  [[ -f "$out/ep_check.log" ]] && tail -n 25 "$out/ep_check.log"
+fi
+
 echo "| step | result | time |"
 echo "|---|---|---|"
 printf '%s\n' "${summary[@]}"

@@ -227,6 +227,23 @@ TEST(StagedTuning, FindsABetterPairThanTheStageWinnersWhenCostsDoNotCompose) {
   EXPECT_EQ(res.entry.default_seconds, 10.0);
 }
 
+TEST(StagedTuning, KeepsTheDefaultWhenEveryShortlistPairIsSlower) {
+  // Each stage ranks tactics next to the default partner, where 1 and 2 look best; paired together they pay a
+  // penalty of 20, so all four shortlist pairs lose to the default pair (0, 0) measured in stage 1.
+  const std::vector<double> c1{5, 1, 2}, c2{5, 1, 2};
+  auto cost = [&](TacticPair p) { return c1[p.gemm1] + c2[p.gemm2] + (p.gemm1 != 0 && p.gemm2 != 0 ? 20.0 : 0.0); };
+  auto r = built_runner({.n1 = 3, .n2 = 3, .default_pair = {0, 0}, .cost = cost});
+  Autotuner tuner(test_metadata());
+  const int64_t tokens[] = {8};
+  TuneResult res = tuner.tune(*r, small_spec(), tokens)[0];
+  EXPECT_EQ(res.timed_configs, 3 + 3 + 4);  // the default's time comes from stage 1: no extra timing
+  // Shortlist pairs: (1,1) = 22, (1,2) = 23, (2,1) = 23, (2,2) = 24; the default (0,0) = 10.
+  EXPECT_EQ(res.best, (TacticPair{0, 0}));
+  EXPECT_EQ(res.entry.seconds, 10.0);
+  EXPECT_EQ(res.entry.gemm1, "g1_0");
+  EXPECT_EQ(res.entry.gemm2, "g2_0");
+}
+
 TEST(StagedTuning, SingleTacticStagesAreNotRanked) {
   {
     auto r = built_runner({.n1 = 1, .n2 = 3, .cost = [](TacticPair p) { return 3.0 - p.gemm2; }});

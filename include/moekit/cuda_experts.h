@@ -45,6 +45,10 @@ struct ExpertTactic {
   friend bool operator==(const ExpertTactic&, const ExpertTactic&) = default;
 };
 
+/// The tactic the default heuristic picks for `config` at T tokens: a table keyed on the expected rows per active
+/// expert. Deterministic, needs no device (the tuner asks before anything is built); every field >= 0.
+ExpertTactic cuda_expert_default_tactic(const ExpertConfig& config, int64_t tokens);
+
 struct CudaExpertsArgs {
   ExpertConfig config;
   ExpertWeights weights;   // on `device`; kept alive by the caller for the object's lifetime
@@ -76,7 +80,7 @@ class CudaExperts {
   void run(const RoutePlan& plan, const TensorView& hidden, const TensorView& out, Stream stream = nullptr,
            ExpertTactic tactic = {}) const;
 
-  /// The tactic the heuristic picks for T tokens (deterministic; every field >= 0).
+  /// cuda_expert_default_tactic(config(), tokens).
   ExpertTactic default_tactic(int64_t tokens) const;
 
   const ExpertConfig& config() const;

@@ -1,18 +1,31 @@
-// register_cuda_runners() and the bf16 CUDA runner's slot in the registry. Until the grouped-GEMM experts
-// (CudaExperts, include/moekit/cuda_experts.h) are wired in, "cuda_bf16" is registered with a check_support() that
-// says precisely why it cannot run here, so "auto" falls through to the next backend and an explicit request gets
-// a clear NotSupported, never a silent success.
-//
-// Wiring point: replace PendingCudaBf16Runner in make_cuda_bf16_runner() by the runner over CudaExperts, keeping
-// the same name, the device/build checks of cuda_unavailable_reason(), and a version bump in its version().
+// register_cuda_runners() and the bf16 CUDA runner "cuda_bf16": the fused GPU router (route() on a CUDA RoutePlan)
+// followed by the grouped-GEMM experts (CudaExperts), both sized at build time for max_tokens and enqueued on the
+// caller's stream with no allocation and no synchronization, so a forward() can be captured in a CUDA graph.
+// Its GEMM1 and GEMM2 tactics are the rows of cuda_expert_gemm_tactics(), in table order. Timing for the tuner
+// replays CUDA graphs of whole layer calls on the runner's own synthetic inputs and takes the median of
+// event-timed samples. In a build without CUDA the runner only declines, saying why.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
+#include <climits>
+#include <cmath>
+#include <map>
+#include <optional>
+#include <vector>
 
 #include "moekit/device.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
 #include "runtime/runners.h"
+
+#if MOEKIT_HAS_CUDA
+#include <cuda_runtime_api.h>
+
+#include "moekit/cuda_experts.h"
+#include "moekit/plan.h"
+#include "runtime/cuda_fill.h"
+#endif
 
 namespace moekit::detail {
 namespace {
@@ -26,31 +39,291 @@ std::string cuda_unavailable_reason(Device device) {
     return fmt::format("device {} is not visible ({} CUDA device(s))", device_name(device), count);
   if (!device_is_sm90(device.index)) {
     const DeviceInfo info = device_info(device.index);
-    return fmt::format("device {} ({}, sm_{}{}) is not sm_90 (Hopper)", device_name(device), info.name, info.cc_major,
+    return fmt::format("device {} is {} (sm_{}{}), not sm_90", device_name(device), info.name, info.cc_major,
                        info.cc_minor);
   }
   return {};
 }
 
-const std::array<Tactic, 1> kPendingTactics{{{"pending", "no CUDA kernels are wired in yet"}}};
+Support check_cuda_bf16(const LayerSpec& spec, Device device) {
+  if (std::string why = cuda_unavailable_reason(device); !why.empty()) return Support::no(why);
+  if (spec.quant.weight_format != WeightFormat::bf16)
+    return Support::no(
+        fmt::format("weight_format ({}) is not supported (bf16 only)", weight_format_name(spec.quant.weight_format)));
+  if (spec.quant.activation_format != ActivationFormat::bf16)
+    return Support::no(fmt::format("activation_format ({}) is not supported (bf16 only)",
+                                   activation_format_name(spec.quant.activation_format)));
+  return Support::yes();
+}
 
-// Placeholder that only ever declines: every path past check_support() is unreachable through the lifecycle.
-class PendingCudaBf16Runner final : public Runner {
+#if MOEKIT_HAS_CUDA
+
+void cuda_check(cudaError_t err, std::string_view call) {
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    throw CudaError("layer", fmt::format("runner 'cuda_bf16': {} failed: {}", call, cudaGetErrorString(err)));
+  }
+}
+
+// Makes `index` the current device for a scope and restores the previous one.
+class DeviceScope {
  public:
+  explicit DeviceScope(int index) {
+    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (previous_ != index) cuda_check(cudaSetDevice(index), "cudaSetDevice");
+    current_ = index;
+  }
+  ~DeviceScope() {
+    if (previous_ != current_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0, current_ = 0;
+};
+
+// Plan block B by layer shape: with few experts every expert gets many rows and 128-row padding costs little;
+// with many experts rows are spread thin and 64 keeps the padding (and wasted GEMM rows) down. Matches the block of
+// every preset (moekit/presets.h).
+struct BlockRule {
+  int max_experts;
+  int block;
+};
+constexpr std::array<BlockRule, 2> kBlockRules{{{8, 128}, {INT_MAX, 64}}};
+
+int plan_block(const ExpertConfig& e) {
+  for (const BlockRule& r : kBlockRules)
+    if (e.num_experts <= r.max_experts) return r.block;
+  return kBlockRules.back().block;
+}
+
+// The runner's tactics: one per row of cuda_expert_gemm_tactics(), same order, for both GEMMs.
+const std::vector<Tactic>& expert_tactics() {
+  static const std::vector<Tactic> tactics = [] {
+    std::vector<Tactic> out;
+    for (const GemmTacticInfo& t : cuda_expert_gemm_tactics()) {
+      std::string what =
+          t.kind == GemmKernelKind::grouped
+              ? fmt::format("CUTLASS sm90 grouped GEMM, {}x{}x{} CTA tile", t.tile_m, t.tile_n, t.tile_k)
+              : fmt::format("memory-bound decode GEMV, {} rows per pass, {} columns per CTA", t.tile_m, t.tile_n);
+      out.push_back({std::string(t.name), std::move(what)});
+    }
+    return out;
+  }();
+  return tactics;
+}
+
+// Timing: each sample is a graph replay of `inner` layer calls bracketed by events, sized to span about
+// kSampleSeconds so event resolution (~0.5 us) and replay launch stay small against it.
+constexpr double kSampleSeconds = 200e-6;
+constexpr int kMaxInnerCalls = 32;
+constexpr int kSamples = 9;      // median of 9 for runs under kLongRunSeconds
+constexpr int kLongSamples = 3;  // ... and of 3 above (a bad tactic at large T can take 100+ ms)
+constexpr double kLongRunSeconds = 5e-3;
+// A configuration whose first timed call is this many times slower than the best one already timed at the same
+// token count cannot win; it is reported with that single measurement instead of a median.
+constexpr double kHopelessFactor = 3.0;
+
+class CudaBf16Runner final : public Runner {
+ public:
+  ~CudaBf16Runner() override {
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (start_ != nullptr) cudaEventDestroy(start_);
+    if (stop_ != nullptr) cudaEventDestroy(stop_);
+  }
+
   std::string_view name() const override { return "cuda_bf16"; }
-  std::string_view version() const override { return "0"; }
-  std::span<const Tactic> gemm1_tactics() const override { return kPendingTactics; }
-  std::span<const Tactic> gemm2_tactics() const override { return kPendingTactics; }
+  std::string_view version() const override { return "1"; }
+  std::span<const Tactic> gemm1_tactics() const override { return expert_tactics(); }
+  std::span<const Tactic> gemm2_tactics() const override { return expert_tactics(); }
 
  protected:
   Support do_check_support(const LayerSpec& spec, Device device) override {
-    if (std::string why = cuda_unavailable_reason(device); !why.empty()) return Support::no(why);
-    if (spec.quant.weight_format != WeightFormat::bf16 || spec.quant.activation_format != ActivationFormat::bf16)
-      return Support::no(fmt::format("formats (weights {}, activations {}) are not supported (bf16 only)",
-                                     weight_format_name(spec.quant.weight_format),
-                                     activation_format_name(spec.quant.activation_format)));
-    return Support::no("the bf16 CUDA experts are not wired into this runner yet");
+    release_build();  // a new check undoes the build: its workspace and weights belonged to the previous spec
+    synthetic_.clear();
+    return check_cuda_bf16(spec, device);
   }
+
+  void do_build(const LayerWeights& weights, int64_t max_tokens) override {
+    DeviceScope scope(device().index);
+    release_build();  // free the old workspace before allocating the new one
+    const ExpertConfig& e = spec().experts;
+    block_ = plan_block(e);
+    plan_.emplace(PlanShape{max_tokens, e.num_experts, e.top_k, e.num_shared_experts, block_}, device());
+    experts_.emplace(CudaExpertsArgs{e, weights.experts, max_tokens, block_, device()});
+    routing_bias_ = weights.routing_bias;
+  }
+
+  LayerWeights make_synthetic_weights(uint64_t seed) override {
+    DeviceScope scope(device().index);
+    release_build();  // the old experts may still point at the old synthetic weights
+    synthetic_.clear();
+    const ExpertConfig& e = spec().experts;
+    const int64_t ew = e.weight_experts(), h = e.hidden, i = e.intermediate;
+    // Same streams, scales and layout as the reference runner's synthetic weights (runtime/synthetic.h).
+    auto make = [&](DType dt, std::initializer_list<int64_t> shape, uint64_t stream_seed, float scale) {
+      int64_t n = 1;
+      for (int64_t d : shape) n *= d;
+      synthetic_.emplace_back(static_cast<size_t>(n) * dtype_size(dt), device().index);
+      fill_uniform_device(synthetic_.back().data(), n, dt == DType::bf16, stream_seed, scale, nullptr);
+      return TensorView::contiguous(synthetic_.back().data(), dt, shape, device());
+    };
+    LayerWeights w;
+    w.experts.w13 = make(DType::bf16, {ew, 2 * i, h}, seed, 1.0f / std::sqrt(static_cast<float>(h)));
+    w.experts.w2 = make(DType::bf16, {ew, h, i}, seed + 1, 1.0f / std::sqrt(static_cast<float>(i)));
+    if (spec().expert_biases) {
+      w.experts.b13 = make(DType::f32, {ew, 2 * i}, seed + 2, 0.1f);
+      w.experts.b2 = make(DType::f32, {ew, h}, seed + 3, 0.1f);
+    }
+    if (spec().routing_bias) w.routing_bias = make(DType::f32, {e.num_experts}, seed + 4, 0.5f);
+    cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the synthetic fills");
+    return w;
+  }
+
+  void do_execute(const LayerInputs& in, const TacticPair& tactics, Stream stream) override {
+    DeviceScope scope(device().index);
+    route(spec().routing, in.logits, routing_bias_, *plan_, stream, in.replay);
+    experts_->run(*plan_, in.hidden, in.out, stream, ExpertTactic{tactics.gemm1, tactics.gemm2});
+  }
+
+  double do_time_tactics(const TacticPair& tactics, int64_t tokens) override {
+    DeviceScope scope(device().index);
+    ensure_timing_inputs();
+    // Warm-up (module loading, first-touch) and a first estimate from single-call graphs.
+    GraphExec one(capture(tactics, tokens, 1));
+    one.launch(stream_);
+    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+    const double first = timed_replays(one, 1);
+    double& best = best_seen_[tokens];
+    if (best > 0 && first > kHopelessFactor * best) return first;
+
+    const int inner = static_cast<int>(std::clamp(std::ceil(kSampleSeconds / first), 1.0, double(kMaxInnerCalls)));
+    GraphExec many(inner == 1 ? cudaGraphExec_t{} : capture(tactics, tokens, inner));
+    GraphExec& g = inner == 1 ? one : many;
+    std::vector<double> samples;
+    for (int s = 0; s < (first > kLongRunSeconds ? kLongSamples : kSamples); ++s)
+      samples.push_back(timed_replays(g, 1) / inner);
+    std::sort(samples.begin(), samples.end());
+    const double median = samples[samples.size() / 2];
+    if (best == 0 || median < best) best = median;
+    return median;
+  }
+
+  TacticPair do_default_tactics(int64_t tokens) const override {
+    const ExpertTactic t = cuda_expert_default_tactic(spec().experts, tokens);
+    return {t.gemm1, t.gemm2};
+  }
+
+ private:
+  // Owns an instantiated graph.
+  struct GraphExec {
+    cudaGraphExec_t exec = nullptr;
+    explicit GraphExec(cudaGraphExec_t e) : exec(e) {}
+    ~GraphExec() {
+      if (exec != nullptr) cudaGraphExecDestroy(exec);
+    }
+    GraphExec(const GraphExec&) = delete;
+    GraphExec& operator=(const GraphExec&) = delete;
+    void launch(cudaStream_t s) const { cuda_check(cudaGraphLaunch(exec, s), "cudaGraphLaunch"); }
+  };
+
+  void release_build() {
+    experts_.reset();
+    plan_.reset();
+    routing_bias_ = {};
+    timing_.clear();
+    best_seen_.clear();
+  }
+
+  // Hidden states, logits and outputs for max_tokens tokens (the reference runner's timing streams 11 and 12), plus
+  // the stream and events timing uses. Allocated on the first timing after a build.
+  void ensure_timing_inputs() {
+    if (stream_ == nullptr) {
+      cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+      cuda_check(cudaEventCreate(&start_), "cudaEventCreate");
+      cuda_check(cudaEventCreate(&stop_), "cudaEventCreate");
+    }
+    if (!timing_.empty()) return;
+    const int64_t cap = max_tokens(), h = spec().experts.hidden, e = spec().routing.num_experts;
+    timing_.emplace_back(static_cast<size_t>(cap * h * 2), device().index);  // hidden
+    timing_.emplace_back(static_cast<size_t>(cap * e * 4), device().index);  // logits
+    timing_.emplace_back(static_cast<size_t>(cap * h * 2), device().index);  // out
+    fill_uniform_device(timing_[0].data(), cap * h, true, 11, 1.0f, stream_);
+    fill_uniform_device(timing_[1].data(), cap * e, false, 12, 2.0f, stream_);
+    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+  // Captures `calls` layer calls on `tokens` tokens. Call j reads the token window starting at row
+  // j * tokens mod (max_tokens - tokens + 1), so small-T timings route different tokens to different experts
+  // instead of re-reading one L2-resident set of weights.
+  cudaGraphExec_t capture(const TacticPair& tactics, int64_t tokens, int calls) {
+    const int64_t h = spec().experts.hidden, e = spec().routing.num_experts;
+    const int64_t windows = max_tokens() - tokens + 1;
+    cuda_check(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    try {
+      for (int j = 0; j < calls; ++j) {
+        const int64_t row = (j * tokens) % windows;
+        LayerInputs in;
+        in.hidden = TensorView::contiguous(static_cast<char*>(timing_[0].data()) + row * h * 2, DType::bf16,
+                                           {tokens, h}, device());
+        in.logits = TensorView::contiguous(static_cast<char*>(timing_[1].data()) + row * e * 4, DType::f32,
+                                           {tokens, e}, device());
+        in.out = TensorView::contiguous(static_cast<char*>(timing_[2].data()) + row * h * 2, DType::bf16, {tokens, h},
+                                        device());
+        do_execute(in, tactics, stream_);
+      }
+    } catch (...) {
+      cudaGraph_t broken = nullptr;
+      cudaStreamEndCapture(stream_, &broken);
+      if (broken != nullptr) cudaGraphDestroy(broken);
+      throw;
+    }
+    cudaGraph_t graph = nullptr;
+    cuda_check(cudaStreamEndCapture(stream_, &graph), "cudaStreamEndCapture");
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t err = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    cuda_check(err, "cudaGraphInstantiate");
+    return exec;
+  }
+
+  // Seconds of `replays` back-to-back launches of g, between two events.
+  double timed_replays(const GraphExec& g, int replays) {
+    cuda_check(cudaEventRecord(start_, stream_), "cudaEventRecord");
+    for (int r = 0; r < replays; ++r) g.launch(stream_);
+    cuda_check(cudaEventRecord(stop_, stream_), "cudaEventRecord");
+    cuda_check(cudaEventSynchronize(stop_), "cudaEventSynchronize");
+    float ms = 0;
+    cuda_check(cudaEventElapsedTime(&ms, start_, stop_), "cudaEventElapsedTime");
+    return ms * 1e-3 / replays;
+  }
+
+  int block_ = 64;
+  std::optional<RoutePlan> plan_;
+  std::optional<CudaExperts> experts_;
+  TensorView routing_bias_{};
+  std::vector<DeviceBuffer> synthetic_;  // build_synthetic() weights
+  std::vector<DeviceBuffer> timing_;     // hidden [max_tokens, H] bf16, logits [max_tokens, E] fp32, out
+  std::map<int64_t, double> best_seen_;  // fastest median per token count since the last build
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t start_ = nullptr, stop_ = nullptr;
+};
+
+#else  // !MOEKIT_HAS_CUDA
+
+const std::array<Tactic, 1> kNoTactics{{{"none", "moekit was built without CUDA"}}};
+
+// Without CUDA the runner declines every layer, so every path past check_support() is unreachable.
+class CudaBf16Runner final : public Runner {
+ public:
+  std::string_view name() const override { return "cuda_bf16"; }
+  std::string_view version() const override { return "1"; }
+  std::span<const Tactic> gemm1_tactics() const override { return kNoTactics; }
+  std::span<const Tactic> gemm2_tactics() const override { return kNoTactics; }
+
+ protected:
+  Support do_check_support(const LayerSpec& spec, Device device) override { return check_cuda_bf16(spec, device); }
   void do_build(const LayerWeights&, int64_t) override { unreachable("build()"); }
   LayerWeights make_synthetic_weights(uint64_t) override { unreachable("build_synthetic()"); }
   void do_execute(const LayerInputs&, const TacticPair&, Stream) override { unreachable("execute()"); }
@@ -58,14 +331,16 @@ class PendingCudaBf16Runner final : public Runner {
 
  private:
   [[noreturn]] static void unreachable(std::string_view step) {
-    throw Internal("layer", fmt::format("runner 'cuda_bf16': {} reached a runner that never supports a layer", step));
+    throw Internal("layer", fmt::format("runner 'cuda_bf16': {} reached in a build without CUDA", step));
   }
 };
+
+#endif  // MOEKIT_HAS_CUDA
 
 }  // namespace
 
 std::unique_ptr<Runner> make_cuda_bf16_runner() {
-  return std::make_unique<PendingCudaBf16Runner>();
+  return std::make_unique<CudaBf16Runner>();
 }
 
 }  // namespace moekit::detail

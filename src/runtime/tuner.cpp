@@ -217,6 +217,12 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
       TuningEntry& e = r.entry;
       e = TuningEntry{};
       e.seconds = final_stage(s1, s2, def, default_seconds);
+      // When costs do not compose, all four shortlist pairs can lose to the default pair timed in a stage: keep
+      // the default then, so a tuned choice is never slower than the default it replaces (as measured).
+      if (default_seconds && *default_seconds < e.seconds) {
+        r.best = def;
+        e.seconds = *default_seconds;
+      }
       e.default_seconds = default_seconds.value_or(0.0);
       e.gemm1 = tactics1[r.best.gemm1].name;
       e.gemm2 = tactics2[r.best.gemm2].name;

@@ -2,19 +2,30 @@
 // bf16 GPU experts of a preset against the CPU reference, then times experts-only and route + experts (cold-L2
 // kernel time and CUDA-graph replay, through the shared harness) with the ceilings measured in the same run, and
 // prints a markdown table with the fraction of the roofline floor.
+// `--tuned` instead compares, per T (default 1, 64, 4096), the autotuner's pair with the default heuristic's pair on
+// the "cuda_bf16" layer runner: staged tuning of T's bucket, verification of both pairs against the reference
+// runner, then route + experts of each pair as CUDA-graph replay medians in the same run.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "moekit/bench.h"
 #include "moekit/cuda_experts.h"
+#include "moekit/device.h"
 #include "moekit/error.h"
+#include "moekit/layer.h"
 #include "moekit/presets.h"
+#include "moekit/tuner.h"
 
 namespace moekit::cli {
 namespace {
@@ -27,6 +38,8 @@ struct BenchMoeCli {
   uint64_t seed = 1;
   int gemm1 = -1, gemm2 = -1;
   std::string json;
+  bool tuned = false;
+  bool tokens_given = false;
 };
 
 nlohmann::json to_json(const MoeBenchReport& r) {
@@ -78,20 +91,195 @@ void print_table(const MoeBenchReport& r) {
   }
 }
 
+
+// ---- --tuned: the autotuner's pair against the default pair on the layer runner ---------------------------------
+
+struct TunedRow {
+  int64_t tokens = 0, bucket = 0;
+  std::string default_pair, tuned_pair;
+  double default_us = 0, tuned_us = 0;  // route + experts per call, graph replay median (best of 2 rounds)
+  double tune_s = 0;                    // wall time of the staged tuning of this bucket
+  int timings = 0;                      // configurations the tuner timed
+  double default_err = 0, tuned_err = 0;  // verification (relative Frobenius error); -1 when skipped
+};
+
+std::string pair_name(const Runner& r, TacticPair p) {
+  return fmt::format("{} / {}", r.gemm1_tactics()[p.gemm1].name, r.gemm2_tactics()[p.gemm2].name);
+}
+
+double relative_error(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double a = bf16_to_float(got[i]), b = bf16_to_float(want[i]);
+    num += (a - b) * (a - b);
+    den += b * b;
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+// Hidden states and logits for `variants` windows of up to `rows` tokens each, on the host and on the GPU.
+struct TunedInputs {
+  int64_t rows, h, e;
+  std::vector<uint16_t> hidden;
+  std::vector<float> logits;
+  DeviceBuffer d_hidden, d_logits, d_out;
+
+  TunedInputs(const LayerSpec& s, int64_t rows, int variants, uint64_t seed)
+      : rows(rows), h(s.experts.hidden), e(s.routing.num_experts),
+        hidden(static_cast<size_t>(rows * variants * h)), logits(static_cast<size_t>(rows * variants * e)),
+        d_hidden(hidden.size() * 2), d_logits(logits.size() * 4), d_out(static_cast<size_t>(rows * h * 2)) {
+    cli::fill_uniform_bf16(hidden.data(), static_cast<int64_t>(hidden.size()), seed * 8 + 3, -1.0f, 1.0f);
+    cli::fill_uniform(logits.data(), static_cast<int64_t>(logits.size()), seed * 8 + 4, -2.0f, 2.0f);
+    d_hidden.upload(hidden.data(), hidden.size() * 2);
+    d_logits.upload(logits.data(), logits.size() * 4);
+  }
+  LayerInputs gpu(int64_t t, int variant) const {
+    const Device d = Device::cuda(d_out.device());
+    char* x = static_cast<char*>(d_hidden.data()) + variant * rows * h * 2;   // [t, H] bf16 window
+    char* l = static_cast<char*>(d_logits.data()) + variant * rows * e * 4;   // [t, E] fp32 window
+    return {TensorView::contiguous(x, DType::bf16, {t, h}, d), TensorView::contiguous(l, DType::f32, {t, e}, d),
+            TensorView::contiguous(d_out.data(), DType::bf16, {t, h}, d), {}};
+  }
+};
+
+// Relative error of `pair` on the first t tokens against the reference runner (same synthetic weights).
+double verify_pair(Runner& gpu, Runner& ref, TunedInputs& in, TacticPair pair, int64_t t) {
+  std::vector<uint16_t> want(static_cast<size_t>(t * in.h)), got(want.size(), 0xFFFF);
+  in.d_out.upload(got.data(), got.size() * 2);  // NaN poison: an unwritten element fails the check
+  ref.execute({TensorView::contiguous(in.hidden.data(), DType::bf16, {t, in.h}),
+               TensorView::contiguous(in.logits.data(), DType::f32, {t, in.e}),
+               TensorView::contiguous(want.data(), DType::bf16, {t, in.h}), {}},
+              {0, 0});
+  gpu.execute(in.gpu(t, 0), pair);
+  in.d_out.download(got.data(), got.size() * 2);
+  const double err = relative_error(got, want);
+  if (!(err <= 1e-2))
+    throw Internal("bench", fmt::format("verification of {} at T={} failed: relative Frobenius error ({:.3g}) must "
+                                        "be <= 1e-2",
+                                        pair_name(gpu, pair), t, err));
+  return err;
+}
+
+void run_tuned(const BenchMoeCli& o) {
+  const Preset& preset = find_preset(o.preset);
+  if (o.gemm1 >= 0 || o.gemm2 >= 0) throw InvalidArgument("bench", "--tuned picks the tactics: drop --gemm1/--gemm2");
+  const std::vector<int64_t> tokens = o.tokens_given ? o.tokens : std::vector<int64_t>{1, 64, 4096};
+  for (int64_t t : tokens)
+    if (t < 1) throw InvalidArgument("bench", fmt::format("tokens ({}) must be >= 1", t));
+  if (o.samples < 1) throw InvalidArgument("bench", fmt::format("samples ({}) must be >= 1", o.samples));
+  LayerSpec spec;
+  spec.experts = preset.experts;
+  spec.routing = preset.routing;
+  spec.expert_biases = preset.has_expert_biases;
+  spec.routing_bias = preset.has_bias;
+  register_cuda_runners();
+  std::unique_ptr<Runner> gpu = make_runner("cuda_bf16");
+  if (const Support s = gpu->check_support(spec, Device::cuda(0)); !s.ok)
+    throw NotSupported("bench", fmt::format("runner cuda_bf16 cannot run preset {} here: {}", preset.name, s.reason));
+  bench::Harness harness;  // before any timing: it owns the stream and the CUPTI subscription
+  const int64_t max_t = *std::max_element(tokens.begin(), tokens.end());
+  auto t0 = std::chrono::steady_clock::now();
+  gpu->build_synthetic(max_t, o.seed);
+  // The reference runner's synthetic weights for the same seed are the same numbers (runtime/synthetic.h and its
+  // device twin), so the two runners compute the same layer.
+  std::unique_ptr<Runner> ref = make_runner("reference");
+  const bool verify = o.verify_tokens > 0;
+  if (verify) {
+    ref->check_support(spec, Device::cpu());
+    ref->build_synthetic(std::min(max_t, o.verify_tokens), o.seed);
+  }
+  const double setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  constexpr int kVariants = 4;  // token windows rotated through the replays, so weights are not all L2-resident
+  TunedInputs in(spec, max_t, kVariants, o.seed);
+
+  Autotuner tuner(CacheMetadata::current());
+  bench::TimingOptions timing;
+  timing.graph_calls = 8;
+  timing.graph_replays = o.samples;
+  std::vector<TunedRow> rows;
+  for (int64_t t : tokens) {
+    TunedRow row;
+    row.tokens = t;
+    row.bucket = token_bucket(t);
+    const auto start = std::chrono::steady_clock::now();
+    const int64_t request[] = {t};
+    const TuneResult r = tuner.tune(*gpu, spec, request).front();
+    row.tune_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    row.timings = r.timed_configs;
+    const TacticPair def = gpu->default_tactics(row.bucket), best = r.best;
+    row.default_pair = pair_name(*gpu, def);
+    row.tuned_pair = pair_name(*gpu, best);
+    const int64_t vt = std::min(t, o.verify_tokens);
+    row.default_err = verify ? verify_pair(*gpu, *ref, in, def, vt) : -1;
+    row.tuned_err = verify ? verify_pair(*gpu, *ref, in, best, vt) : -1;
+    auto replay_us = [&](TacticPair p) {
+      const bench::LaunchFn fn = [&](int v, Stream st) { gpu->execute(in.gpu(t, v), p, st); };
+      return harness.graph_time(fn, kVariants, timing).median_us;
+    };
+    // Two alternating rounds; each pair keeps its faster median, so a clock drift between them cancels out.
+    row.default_us = replay_us(def);
+    row.tuned_us = replay_us(best);
+    row.default_us = std::min(row.default_us, replay_us(def));
+    row.tuned_us = std::min(row.tuned_us, replay_us(best));
+    rows.push_back(row);
+  }
+
+  std::printf("%s", fmt::format("moe bench --tuned: {} on {}, runner {}@{}; route + experts per call, CUDA-graph "
+                                "replay medians ({} replays of {} calls over {} token windows), best of 2 rounds; "
+                                "synthetic weights built in {:.1f} s\n",
+                                preset.name, device_info(0).name, gpu->name(), gpu->version(), o.samples,
+                                timing.graph_calls, kVariants, setup_s)
+                        .c_str());
+  std::printf("| T | bucket | default gemm1 / gemm2 | tuned gemm1 / gemm2 | default us | tuned us | default / tuned "
+              "| tuning s | timings | verify err (default, tuned) |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  double total_tune = 0;
+  for (const TunedRow& x : rows) {
+    total_tune += x.tune_s;
+    std::printf("%s", fmt::format("| {} | {} | {} | {} | {:.1f} | {:.1f} | {:.3f} | {:.2f} | {} | {} |\n", x.tokens,
+                                  x.bucket, x.default_pair, x.tuned_pair, x.default_us, x.tuned_us,
+                                  x.default_us / x.tuned_us, x.tune_s, x.timings,
+                                  verify ? fmt::format("{:.1e}, {:.1e}", x.default_err, x.tuned_err) : "skipped")
+                          .c_str());
+  }
+  std::printf("%s", fmt::format("staged tuning: {:.2f} s for {} bucket(s)\n", total_tune, rows.size()).c_str());
+  if (!o.json.empty()) {
+    nlohmann::json j;
+    j["preset"] = preset.name;
+    j["device"] = device_info(0).name;
+    j["runner"] = fmt::format("{}@{}", gpu->name(), gpu->version());
+    for (const TunedRow& x : rows)
+      j["rows"].push_back({{"tokens", x.tokens}, {"bucket", x.bucket}, {"default_pair", x.default_pair},
+                           {"tuned_pair", x.tuned_pair}, {"default_us", x.default_us}, {"tuned_us", x.tuned_us},
+                           {"default_over_tuned", x.default_us / x.tuned_us}, {"tune_s", x.tune_s},
+                           {"timings", x.timings}, {"default_err", x.default_err}, {"tuned_err", x.tuned_err}});
+    std::ofstream f(o.json);
+    if (!f) throw InvalidArgument("bench", fmt::format("json path ({}) must be writable", o.json));
+    f << j.dump(2) << "\n";
+  }
+}
+
 }  // namespace
 
 void add_bench_moe_command(CLI::App& bench) {
   auto opts = std::make_shared<BenchMoeCli>();
   CLI::App* cmd = bench.add_subcommand("moe", "Verify, then time the bf16 GPU experts of a preset");
   cmd->add_option("--preset", opts->preset, "Layer preset (see moekit/presets.h)")->required();
-  cmd->add_option("--tokens", opts->tokens, "Token counts to time")->delimiter(',');
+  CLI::Option* tokens = cmd->add_option("--tokens", opts->tokens, "Token counts to time (--tuned: 1,64,4096)");
+  tokens->delimiter(',');
   cmd->add_option("--samples", opts->samples, "Timed samples per measurement (median)");
   cmd->add_option("--verify-tokens", opts->verify_tokens, "Tokens of the verification run of each tactic pair");
   cmd->add_option("--seed", opts->seed, "Seed of the hash-generated weights, hidden states and logits");
   cmd->add_option("--gemm1", opts->gemm1, "GEMM1 tactic index (default: the heuristic)");
   cmd->add_option("--gemm2", opts->gemm2, "GEMM2 tactic index (default: the heuristic)");
   cmd->add_option("--json", opts->json, "Write the report as JSON to this path");
-  cmd->callback([opts] {
+  cmd->add_flag("--tuned", opts->tuned,
+                "Tune each T's bucket on the cuda_bf16 runner and time the tuned pair against the default pair");
+  cmd->callback([opts, tokens] {
+    if (opts->tuned) {
+      opts->tokens_given = tokens->count() > 0;
+      run_tuned(*opts);
+      return;
+    }
     MoeBenchOptions o;
     o.preset = opts->preset;
     o.tokens = opts->tokens;

@@ -198,8 +198,7 @@ const ExpertConfig& CudaExperts::config() const { return impl_->cfg; }
 int64_t CudaExperts::max_tokens() const { return impl_->max_tokens; }
 int64_t CudaExperts::workspace_bytes() const { return impl_->bytes; }
 
-ExpertTactic CudaExperts::default_tactic(int64_t tokens) const {
-  const ExpertConfig& c = impl_->cfg;
+ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens) {
   const int64_t t = std::max<int64_t>(tokens, 1), routed = t * c.top_k;
   const int64_t active = std::min<int64_t>(c.num_experts, routed);
   const int64_t rows = std::max((routed + active - 1) / active, c.num_shared_experts > 0 ? (t + 3) / 4 : int64_t{0});
@@ -207,6 +206,8 @@ ExpertTactic CudaExperts::default_tactic(int64_t tokens) const {
     if (rows <= r.max_rows_per_expert) return {r.gemm1, r.gemm2};
   return {kHeuristic.back().gemm1, kHeuristic.back().gemm2};
 }
+
+ExpertTactic CudaExperts::default_tactic(int64_t tokens) const { return cuda_expert_default_tactic(impl_->cfg, tokens); }
 
 void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const TensorView& out, Stream stream,
                       ExpertTactic tactic) const {
