@@ -9,6 +9,7 @@ void add_bench_command(CLI::App& app) {
   bench->require_subcommand(1);
   add_bench_route_command(*bench);
   add_bench_moe_command(*bench);
+  add_bench_ep_command(*bench);
 }
 
 }  // namespace moekit::cli

@@ -14,5 +14,6 @@ void add_tune_command(CLI::App& app);   // moekit tune
 // Children of `moekit bench`.
 void add_bench_route_command(CLI::App& bench);
 void add_bench_moe_command(CLI::App& bench);
+void add_bench_ep_command(CLI::App& bench);
 
 }  // namespace moekit::cli
