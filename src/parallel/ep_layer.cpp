@@ -21,6 +21,7 @@
 #include <nccl.h>
 
 #include "parallel/ep_bookkeeping.h"
+#include "parallel/ep_validate.h"
 #include "parallel/ep_kernels.h"
 #endif
 
@@ -88,13 +89,7 @@ struct EpLayer::Impl {
 EpLayer::EpLayer(const EpLayerArgs& a, const Communicator& comm) : impl_(std::make_unique<Impl>()) {
   Impl& m = *impl_;
   if (!comm.valid()) throw InvalidArgument("ep", "comm (empty) must hold an NCCL communicator");
-  a.experts.validate();
-  a.routing.validate();
-  if (a.routing.num_experts != a.experts.num_experts || a.routing.top_k != a.experts.top_k ||
-      a.routing.num_shared_experts != a.experts.num_shared_experts)
-    throw InvalidArgument("ep", fmt::format("routing (E {}, K {}, S {}) must match the experts (E {}, K {}, S {})",
-                                            a.routing.num_experts, a.routing.top_k, a.routing.num_shared_experts,
-                                            a.experts.num_experts, a.experts.top_k, a.experts.num_shared_experts));
+  ep::validate_configs(a.experts, a.routing);
   if (a.mode != EpMode::all_gather && a.mode != EpMode::all_to_all)
     throw InvalidArgument("ep", fmt::format("mode ({}) must be all_gather or all_to_all", static_cast<int>(a.mode)));
   if (a.max_tokens < 1) throw InvalidArgument("ep", fmt::format("max_tokens ({}) must be >= 1", a.max_tokens));

@@ -15,6 +15,7 @@
 #include "moekit/expert_parallel.h"
 #include "moekit/plan.h"
 #include "parallel/ep_bookkeeping.h"
+#include "parallel/ep_validate.h"
 
 namespace moekit {
 namespace {
@@ -171,13 +172,7 @@ void simulate_all_to_all(const EpSimArgs& a, std::span<const EpSimRank> ranks, c
 }  // namespace
 
 void ep_simulate(const EpSimArgs& a, std::span<const EpSimRank> ranks) {
-  a.experts.validate();
-  a.routing.validate();
-  if (a.routing.num_experts != a.experts.num_experts || a.routing.top_k != a.experts.top_k ||
-      a.routing.num_shared_experts != a.experts.num_shared_experts)
-    throw InvalidArgument("ep", fmt::format("routing (E {}, K {}, S {}) must match the experts (E {}, K {}, S {})",
-                                            a.routing.num_experts, a.routing.top_k, a.routing.num_shared_experts,
-                                            a.experts.num_experts, a.experts.top_k, a.experts.num_shared_experts));
+  ep::validate_configs(a.experts, a.routing);
   const int W = static_cast<int>(ranks.size());
   expert_partition(a.experts.num_experts, W, 0);  // checks W
   check_host(a.routing_bias, "routing_bias", 0);

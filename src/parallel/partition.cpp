@@ -8,6 +8,7 @@
 #include "moekit/error.h"
 #include "moekit/expert_parallel.h"
 #include "parallel/ep_bookkeeping.h"
+#include "parallel/ep_validate.h"
 
 namespace moekit {
 namespace {
@@ -73,3 +74,17 @@ EpMode parse_ep_mode(std::string_view name) {
 }
 
 }  // namespace moekit
+
+namespace moekit::ep {
+
+void validate_configs(const ExpertConfig& experts, const RoutingConfig& routing) {
+  experts.validate();
+  routing.validate();
+  if (routing.num_experts != experts.num_experts || routing.top_k != experts.top_k ||
+      routing.num_shared_experts != experts.num_shared_experts)
+    throw InvalidArgument("ep", fmt::format("routing (E {}, K {}, S {}) must match the experts (E {}, K {}, S {})",
+                                            routing.num_experts, routing.top_k, routing.num_shared_experts,
+                                            experts.num_experts, experts.top_k, experts.num_shared_experts));
+}
+
+}  // namespace moekit::ep
