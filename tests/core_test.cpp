@@ -31,8 +31,9 @@ TEST(DType, SizesAndNamesRoundTrip) {
     parse_dtype("float64");
     FAIL() << "no throw";
   } catch (const InvalidArgument& e) {
-    EXPECT_STREQ(e.what(), "moekit::dtype: unknown dtype 'float64' (expected one of: fp32, bf16, fp16, fp8_e4m3, "
-                           "int32, int16, int8, uint8)");
+    EXPECT_STREQ(e.what(),
+                 "moekit::dtype: unknown dtype 'float64' (expected one of: fp32, bf16, fp16, fp8_e4m3, "
+                 "int32, int16, int8, uint8)");
   }
 }
 

@@ -13,8 +13,8 @@
 #include <vector>
 
 #include "moekit/error.h"
-#include "moekit/experts.h"
 #include "moekit/expert_parallel.h"
+#include "moekit/experts.h"
 #include "moekit/plan.h"
 #include "parallel/ep_bookkeeping.h"
 
@@ -139,8 +139,8 @@ TEST(EpDispatch, EveryTokenReachesEachOwnerExactlyOnce) {
           for (int r = 0, e = 0; r < W; ++r)
             for (int n = 0; n < E / W + (r < E % W ? 1 : 0); ++n) owner[e++] = r;
           const ep::DispatchTable d = ep::build_dispatch_table(ids.data(), T, K, S, E, W, self);
-          const std::string where = "E " + std::to_string(E) + " W " + std::to_string(W) + " S " +
-                                    std::to_string(S) + " self " + std::to_string(self);
+          const std::string where = "E " + std::to_string(E) + " W " + std::to_string(W) + " S " + std::to_string(S) +
+                                    " self " + std::to_string(self);
           for (int r = 0; r < W; ++r) {
             std::vector<int> seen(T, 0);
             int64_t last = -1;
@@ -208,12 +208,12 @@ std::vector<SimCase> sim_cases() {
       {"softmax_topk E8 K2", routing_of(RoutingMethod::softmax_topk, 8, 2, 0, true)},
       {"sigmoid_grouped E12 K3 S1 bias", routing_of(RoutingMethod::sigmoid_grouped, 12, 3, 1, true, 4, 2, 2.5f), 32,
        16, 7, true},
-      {"topk_softmax E10 K4 S2 bf16 logits", routing_of(RoutingMethod::topk_softmax, 10, 4, 2, true), 24, 8, 6,
-       false, DType::bf16},
+      {"topk_softmax E10 K4 S2 bf16 logits", routing_of(RoutingMethod::topk_softmax, 10, 4, 2, true), 24, 8, 6, false,
+       DType::bf16},
       {"softmax_topk E5 K2 S1 T1", routing_of(RoutingMethod::softmax_topk, 5, 2, 1, false), 16, 8, 1},
       {"softmax_topk E4 K3 (E - L < K)", routing_of(RoutingMethod::softmax_topk, 4, 3, 0, true), 16, 8, 9},
-      {"one hot expert set S1", routing_of(RoutingMethod::softmax_topk, 8, 2, 1, true), 16, 8, 6, false,
-       DType::f32, true},
+      {"one hot expert set S1", routing_of(RoutingMethod::softmax_topk, 8, 2, 1, true), 16, 8, 6, false, DType::f32,
+       true},
   };
 }
 
@@ -288,8 +288,7 @@ void run_sim_case(const SimCase& c, int W, EpMode mode, uint32_t seed) {
     ranks[r].weights.w13 = TensorView::contiguous(rw13[r].data(), DType::bf16, {L + S, 2 * I, H});
     ranks[r].weights.w2 = TensorView::contiguous(rw2[r].data(), DType::bf16, {L + S, H, I});
     ranks[r].hidden = TensorView::contiguous(hidden.data() + r * T * H, DType::bf16, {T, H});
-    ranks[r].logits =
-        TensorView::contiguous(static_cast<char*>(logits) + r * T * E * lsz, c.logits_dtype, {T, E});
+    ranks[r].logits = TensorView::contiguous(static_cast<char*>(logits) + r * T * E * lsz, c.logits_dtype, {T, E});
     ranks[r].out = TensorView::contiguous(rout[r].data(), DType::bf16, {T, H});
   }
   EpSimArgs a;

@@ -21,11 +21,11 @@
 namespace moekit::bench {
 
 struct TimingOptions {
-  int samples = 100;         // timed samples (>= 1); medians want >= 100
-  int warmup = 5;            // untimed calls first
-  int graph_calls = 20;      // calls captured in one graph
-  int graph_replays = 50;    // timed replays of that graph
-  bool flush_l2 = true;      // write 2x L2 before each kernel-time sample
+  int samples = 100;       // timed samples (>= 1); medians want >= 100
+  int warmup = 5;          // untimed calls first
+  int graph_calls = 20;    // calls captured in one graph
+  int graph_replays = 50;  // timed replays of that graph
+  bool flush_l2 = true;    // write 2x L2 before each kernel-time sample
 };
 
 struct Stats {
@@ -38,12 +38,12 @@ Stats summarize(std::vector<double> us);
 
 /// Machine ceilings, measured on the current device.
 struct Ceilings {
-  std::string device;                 // e.g. "NVIDIA H200"
+  std::string device;  // e.g. "NVIDIA H200"
   int sm_count = 0;
   int64_t l2_bytes = 0;
-  double copy_bytes_per_s = 0;        // large device-to-device copy, bytes read + written per second
-  double empty_kernel_us = 0;         // CUPTI duration of an empty kernel (median)
-  double empty_graph_launch_us = 0;   // per empty kernel, replayed in a CUDA graph of many
+  double copy_bytes_per_s = 0;       // large device-to-device copy, bytes read + written per second
+  double empty_kernel_us = 0;        // CUPTI duration of an empty kernel (median)
+  double empty_graph_launch_us = 0;  // per empty kernel, replayed in a CUDA graph of many
 };
 
 /// One call of the code under test: launches its kernels on `stream` with input variant `variant`.
@@ -102,21 +102,21 @@ struct RouteBenchOptions {
   TimingOptions timing;
   bool verify_only = false;  // check against the CPU reference, time nothing
   uint64_t seed = 1;
-  int variants = 4;          // input sets rotated through
-  std::vector<int> ctas;     // grid sizes to time (0 = the router's own choice); empty = {0}
+  int variants = 4;       // input sets rotated through
+  std::vector<int> ctas;  // grid sizes to time (0 = the router's own choice); empty = {0}
 };
 
 struct RouteResult {
   RouteCase c;
   int ctas_requested = 0, ctas = 0;  // asked (0 = heuristic) and used
   bool verified = false;
-  std::string mismatch;              // first difference from the reference, empty when verified
+  std::string mismatch;  // first difference from the reference, empty when verified
   Stats kernel, graph;
   int kernels_per_call = 0;
-  std::string timing_source;         // "cupti", or "events (...)" when CUPTI gave no records
+  std::string timing_source;  // "cupti", or "events (...)" when CUPTI gave no records
   double logits_bytes = 0;
-  double floor_us = 0;               // logits bytes / copy bandwidth
-  double goal_us = 0;                // 4 for T <= 1024, 20 above (DESIGN §11)
+  double floor_us = 0;  // logits bytes / copy bandwidth
+  double goal_us = 0;   // 4 for T <= 1024, 20 above (DESIGN §11)
 };
 
 /// Verifies every case against the CPU reference (ids, whole plan and replay exactly; weights within 1e-6

@@ -123,7 +123,7 @@ struct MoeBenchRow {
   double floor_us = 0;          // max(bytes / copy bandwidth, flops / GEMM rate)
   double experts_cold_us = 0, experts_graph_us = 0;              // medians: cold-L2 kernel time / graph replay
   double route_experts_cold_us = 0, route_experts_graph_us = 0;  // router + experts
-  double verify_error = 0;      // relative Frobenius error against experts_reference
+  double verify_error = 0;                                       // relative Frobenius error against experts_reference
 };
 
 struct MoeBenchReport {

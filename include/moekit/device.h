@@ -9,8 +9,8 @@ namespace moekit {
 
 struct DeviceInfo {
   int index = -1;
-  std::string name;          // e.g. "NVIDIA H200"
-  int cc_major = 0;          // compute capability
+  std::string name;  // e.g. "NVIDIA H200"
+  int cc_major = 0;  // compute capability
   int cc_minor = 0;
   int sm_count = 0;
   long long global_mem_bytes = 0;

@@ -14,13 +14,16 @@ enum class DType : uint8_t { f32, bf16, f16, f8e4m3, i32, i16, i8, u8 };
 constexpr int dtype_size(DType t) {
   switch (t) {
     case DType::f32:
-    case DType::i32: return 4;
+    case DType::i32:
+      return 4;
     case DType::bf16:
     case DType::f16:
-    case DType::i16: return 2;
+    case DType::i16:
+      return 2;
     case DType::f8e4m3:
     case DType::i8:
-    case DType::u8: return 1;
+    case DType::u8:
+      return 1;
   }
   return 0;
 }
@@ -49,6 +52,8 @@ inline uint16_t float_to_bf16(float f) {
 }
 
 /// Rounds a float to the nearest bf16 value and back.
-inline float round_to_bf16(float f) { return bf16_to_float(float_to_bf16(f)); }
+inline float round_to_bf16(float f) {
+  return bf16_to_float(float_to_bf16(f));
+}
 
 }  // namespace moekit

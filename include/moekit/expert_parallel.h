@@ -57,7 +57,7 @@ ExpertConfig rank_expert_config(const ExpertConfig& global, int world_size, int 
 
 enum class EpMode : uint8_t { all_gather, all_to_all };
 
-std::string_view ep_mode_name(EpMode m);   // "all_gather", "all_to_all"
+std::string_view ep_mode_name(EpMode m);      // "all_gather", "all_to_all"
 EpMode parse_ep_mode(std::string_view name);  // throws InvalidArgument listing the names
 
 // ---- communicators (NCCL) -------------------------------------------------------------------------------------
@@ -123,14 +123,14 @@ void run_on_gpus(int world_size, const std::function<void(int rank, Communicator
 // ---- the expert-parallel layer (GPU) --------------------------------------------------------------------------
 
 struct EpLayerArgs {
-  ExpertConfig experts;      // the global layer: local_num_experts -1 (or this rank's partition), offset to match
-  RoutingConfig routing;     // must agree with experts on E, K and S
-  ExpertWeights weights;     // this rank's: w13 [L+S, 2I, H], w2 [L+S, H, I] bf16 on the communicator's device,
-                             // L = expert_partition(E, W, r).count, local experts first, then the S shared ones
-  TensorView routing_bias;   // optional [E] fp32/bf16 on the device (selection only; the same on every rank)
+  ExpertConfig experts;     // the global layer: local_num_experts -1 (or this rank's partition), offset to match
+  RoutingConfig routing;    // must agree with experts on E, K and S
+  ExpertWeights weights;    // this rank's: w13 [L+S, 2I, H], w2 [L+S, H, I] bf16 on the communicator's device,
+                            // L = expert_partition(E, W, r).count, local experts first, then the S shared ones
+  TensorView routing_bias;  // optional [E] fp32/bf16 on the device (selection only; the same on every rank)
   EpMode mode = EpMode::all_gather;
-  int64_t max_tokens = 0;    // largest T per rank of any forward()
-  int block = 64;            // route-plan block size B
+  int64_t max_tokens = 0;  // largest T per rank of any forward()
+  int block = 64;          // route-plan block size B
 };
 
 /// One rank's share of an expert-parallel MoE layer on sm90 GPUs (bf16 experts). Construction validates and
@@ -176,12 +176,12 @@ struct EpSimRank {
 };
 
 struct EpSimArgs {
-  ExpertConfig experts;     // the global layer
+  ExpertConfig experts;  // the global layer
   RoutingConfig routing;
   TensorView routing_bias;  // optional [E], host
   EpMode mode = EpMode::all_gather;
   int block = 64;
-  int threads = 1;          // for experts_reference
+  int threads = 1;  // for experts_reference
 };
 
 /// Runs both halves of the exchange of `mode` for W = ranks.size() in-process ranks on the CPU: routing
@@ -194,32 +194,32 @@ void ep_simulate(const EpSimArgs& args, std::span<const EpSimRank> ranks);
 // ---- benchmark (`moekit bench ep`) ----------------------------------------------------------------------------
 
 struct EpBenchOptions {
-  std::string preset;             // a name from presets()
-  int gpus = 2;                   // W
-  std::vector<int64_t> tokens;    // T per rank
+  std::string preset;           // a name from presets()
+  int gpus = 2;                 // W
+  std::vector<int64_t> tokens;  // T per rank
   std::vector<EpMode> modes{EpMode::all_gather, EpMode::all_to_all};
-  int iterations = 50;            // timed forward calls per measurement (median)
+  int iterations = 50;  // timed forward calls per measurement (median)
   int warmup = 5;
-  int num_experts = 0;            // 0: the preset's E, reduced (keeping the routing groups valid) when the
-                                  // single-GPU baseline's weights do not fit in 80% of one device's memory
+  int num_experts = 0;  // 0: the preset's E, reduced (keeping the routing groups valid) when the
+                        // single-GPU baseline's weights do not fit in 80% of one device's memory
   uint64_t seed = 1;
 };
 
 struct EpBenchRow {
   EpMode mode = EpMode::all_gather;
-  int64_t tokens = 0;             // T per rank
-  double single_us = 0;           // median forward time of the whole layer on one GPU at T tokens
-  double ep_us = 0;               // median EP forward time (the slowest rank's median)
-  double single_tokens_per_s = 0; // T / single_us
+  int64_t tokens = 0;                   // T per rank
+  double single_us = 0;                 // median forward time of the whole layer on one GPU at T tokens
+  double ep_us = 0;                     // median EP forward time (the slowest rank's median)
+  double single_tokens_per_s = 0;       // T / single_us
   double ep_tokens_per_s_per_rank = 0;  // T / ep_us
-  double verify_error = 0;        // max over ranks of the relative Frobenius error against the single-GPU layer
+  double verify_error = 0;              // max over ranks of the relative Frobenius error against the single-GPU layer
 };
 
 struct EpBenchReport {
   std::string preset, device;
   int gpus = 0;
-  int num_experts = 0;            // E actually used
-  bool reduced = false;           // E was reduced to fit
+  int num_experts = 0;   // E actually used
+  bool reduced = false;  // E was reduced to fit
   std::vector<EpBenchRow> rows;
 };
 

@@ -48,16 +48,16 @@ struct PlanShape {
 /// Raw pointers into a plan's buffers (all on one device) and the token count of the last call.
 struct RoutePlanView {
   PlanShape shape;
-  int64_t tokens = 0;            // T of the last call
-  int32_t* topk_ids = nullptr;       // [max_tokens, Kt]
-  float* topk_weights = nullptr;     // [max_tokens, Kt]
-  int32_t* expert_counts = nullptr;  // [G]
-  int32_t* expert_offsets = nullptr; // [G+1]
-  int32_t* sorted_slots = nullptr;   // [cap]
-  int32_t* slot_rows = nullptr;      // [max_tokens, Kt]
-  int32_t* block_experts = nullptr;  // [cap/B]
-  int32_t* extent = nullptr;         // [2]
-  int32_t* workspace = nullptr;      // CUDA plans: the fused router's scratch, zeroed at allocation; CPU: null
+  int64_t tokens = 0;                 // T of the last call
+  int32_t* topk_ids = nullptr;        // [max_tokens, Kt]
+  float* topk_weights = nullptr;      // [max_tokens, Kt]
+  int32_t* expert_counts = nullptr;   // [G]
+  int32_t* expert_offsets = nullptr;  // [G+1]
+  int32_t* sorted_slots = nullptr;    // [cap]
+  int32_t* slot_rows = nullptr;       // [max_tokens, Kt]
+  int32_t* block_experts = nullptr;   // [cap/B]
+  int32_t* extent = nullptr;          // [2]
+  int32_t* workspace = nullptr;       // CUDA plans: the fused router's scratch, zeroed at allocation; CPU: null
 };
 
 /// Owns a plan's buffers on one device. Allocated once (cudaMalloc on a GPU), reused by every call and by

@@ -15,9 +15,9 @@ struct Preset {
   std::string_view description;  // model family it stands for
   RoutingConfig routing;
   ExpertConfig experts;
-  bool has_bias = false;         // routing uses a selection bias (DeepSeek's correction bias)
+  bool has_bias = false;           // routing uses a selection bias (DeepSeek's correction bias)
   bool has_expert_biases = false;  // b13/b2 present (GPT-OSS)
-  int block = 64;                // default plan block size
+  int block = 64;                  // default plan block size
 };
 
 /// Every preset, in a fixed order.

@@ -44,12 +44,12 @@ inline constexpr int kMaxSlots = 32;  // K + S
 
 struct RoutingConfig {
   RoutingMethod method = RoutingMethod::softmax_topk;
-  int num_experts = 0;          // E, 1..1024
-  int top_k = 0;                // K, 1..min(E, 32)
-  int num_shared_experts = 0;   // S >= 0, K + S <= 32
+  int num_experts = 0;         // E, 1..1024
+  int top_k = 0;               // K, 1..min(E, 32)
+  int num_shared_experts = 0;  // S >= 0, K + S <= 32
   bool renormalize = false;
-  int n_group = 1;              // sigmoid_grouped only: divides E
-  int topk_group = 1;           // sigmoid_grouped only: 1..n_group; K <= topk_group * E / n_group
+  int n_group = 1;     // sigmoid_grouped only: divides E
+  int topk_group = 1;  // sigmoid_grouped only: 1..n_group; K <= topk_group * E / n_group
   float routed_scaling_factor = 1.0f;
 
   int slots() const { return top_k + num_shared_experts; }

@@ -16,7 +16,8 @@ __global__ void empty_kernel() {}
 void launch_empty_kernel(Stream stream) {
   empty_kernel<<<1, 32, 0, static_cast<cudaStream_t>(stream)>>>();
   const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw CudaError("bench", std::string("launch of empty_kernel failed: ") + cudaGetErrorString(e));
+  if (e != cudaSuccess)
+    throw CudaError("bench", std::string("launch of empty_kernel failed: ") + cudaGetErrorString(e));
 }
 
 }  // namespace moekit::bench

@@ -2,13 +2,12 @@
 // the memset that opens it (the L2 flush of 2x its size, or a small marker), so kernels are summed per sample
 // whatever their number. Graph time replays a captured graph of
 // several calls and divides. Ceilings: a 1 GiB device copy (bytes read + written), an empty kernel.
-#include "moekit/bench.h"
-
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <mutex>
 
+#include "moekit/bench.h"
 #include "moekit/error.h"
 
 #if MOEKIT_HAS_CUDA
@@ -123,9 +122,15 @@ Harness::~Harness() {
   cudaStreamDestroy(impl_->stream);
 }
 
-Stream Harness::stream() const { return impl_->stream; }
-int Harness::kernels_per_call() const { return impl_->kernels_per_call; }
-std::string Harness::kernel_time_source() const { return impl_->source; }
+Stream Harness::stream() const {
+  return impl_->stream;
+}
+int Harness::kernels_per_call() const {
+  return impl_->kernels_per_call;
+}
+std::string Harness::kernel_time_source() const {
+  return impl_->source;
+}
 
 // Samples are told apart by the memset that opens each one (the L2 flush, or a 256-byte marker): on one stream
 // the GPU runs everything in order, so the kernels between two memsets belong to one call. Should CUPTI deliver no
@@ -143,8 +148,10 @@ Stats Harness::kernel_time(const LaunchFn& fn, int variants, const TimingOptions
   std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(opt.samples));
   for (cudaEvent_t& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
   for (int i = 0; i < opt.samples; ++i) {
-    if (opt.flush_l2) check(cudaMemsetAsync(impl_->flush, i & 0xff, impl_->flush_bytes, s), "L2 flush");
-    else check(cudaMemsetAsync(impl_->marker, i & 0xff, 256, s), "sample marker");
+    if (opt.flush_l2)
+      check(cudaMemsetAsync(impl_->flush, i & 0xff, impl_->flush_bytes, s), "L2 flush");
+    else
+      check(cudaMemsetAsync(impl_->marker, i & 0xff, 256, s), "sample marker");
     check(cudaEventRecord(ev[2 * i], s), "cudaEventRecord");
     fn(i % variants, s);
     check(cudaEventRecord(ev[2 * i + 1], s), "cudaEventRecord");
@@ -169,7 +176,8 @@ Stats Harness::kernel_time(const LaunchFn& fn, int variants, const TimingOptions
       kernels.back() += 1;
     }
   }
-  const int with_kernels = static_cast<int>(std::count_if(kernels.begin(), kernels.end(), [](int k) { return k > 0; }));
+  const int with_kernels =
+      static_cast<int>(std::count_if(kernels.begin(), kernels.end(), [](int k) { return k > 0; }));
   impl_->kernels_per_call = kernels.empty() ? 0 : *std::max_element(kernels.begin(), kernels.end());
   impl_->source = "cupti";
   if (static_cast<int>(us.size()) != opt.samples || with_kernels != opt.samples) {
@@ -272,14 +280,28 @@ Ceilings Harness::measure_ceilings() {
 #else  // no CUDA: every entry that needs a GPU says so.
 
 struct Harness::Impl {};
-Harness::Harness() { throw NotSupported("bench", "this build of moekit has no CUDA support (needed to time kernels)"); }
+Harness::Harness() {
+  throw NotSupported("bench", "this build of moekit has no CUDA support (needed to time kernels)");
+}
 Harness::~Harness() = default;
-Stream Harness::stream() const { return nullptr; }
-int Harness::kernels_per_call() const { return 0; }
-std::string Harness::kernel_time_source() const { return "none"; }
-Ceilings Harness::measure_ceilings() { return {}; }
-Stats Harness::kernel_time(const LaunchFn&, int, const TimingOptions&) { return {}; }
-Stats Harness::graph_time(const LaunchFn&, int, const TimingOptions&) { return {}; }
+Stream Harness::stream() const {
+  return nullptr;
+}
+int Harness::kernels_per_call() const {
+  return 0;
+}
+std::string Harness::kernel_time_source() const {
+  return "none";
+}
+Ceilings Harness::measure_ceilings() {
+  return {};
+}
+Stats Harness::kernel_time(const LaunchFn&, int, const TimingOptions&) {
+  return {};
+}
+Stats Harness::graph_time(const LaunchFn&, int, const TimingOptions&) {
+  return {};
+}
 
 #endif
 

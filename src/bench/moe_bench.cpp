@@ -39,7 +39,9 @@ void ck(cudaError_t err, std::string_view what) {
 
 struct DeviceMem {
   void* p = nullptr;
-  explicit DeviceMem(int64_t bytes) { ck(cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 16))), "cudaMalloc"); }
+  explicit DeviceMem(int64_t bytes) {
+    ck(cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 16))), "cudaMalloc");
+  }
   ~DeviceMem() { cudaFree(p); }
   DeviceMem(const DeviceMem&) = delete;
   DeviceMem& operator=(const DeviceMem&) = delete;
@@ -144,8 +146,7 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
     w.b13 = TensorView::contiguous(b13.p, DType::f32, {ew, 2 * in}, dev);
     w.b2 = TensorView::contiguous(b2.p, DType::f32, {ew, h}, dev);
   }
-  const TensorView bias_view =
-      preset.has_bias ? TensorView::contiguous(bias.p, DType::f32, {e}, dev) : TensorView{};
+  const TensorView bias_view = preset.has_bias ? TensorView::contiguous(bias.p, DType::f32, {e}, dev) : TensorView{};
   RoutePlan plan(PlanShape{max_t, rcfg.num_experts, rcfg.top_k, rcfg.num_shared_experts, preset.block}, dev);
   CudaExperts layer({cfg, w, max_t, preset.block, dev});
   auto rows_of = [&](const DeviceMem& m, int64_t t, int64_t cols, DType dt) {
@@ -180,8 +181,7 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
     route(rcfg, rows_of(logits, t, e, DType::f32), bias_view, plan, s);
     layer.run(plan, rows_of(hidden, t, h, DType::bf16), rows_of(out, t, h, DType::bf16), s, tactic);
     ck(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-    RoutePlan hplan(PlanShape{t, rcfg.num_experts, rcfg.top_k, rcfg.num_shared_experts, preset.block},
-                    Device::cpu());
+    RoutePlan hplan(PlanShape{t, rcfg.num_experts, rcfg.top_k, rcfg.num_shared_experts, preset.block}, Device::cpu());
     copy_plan_to_host(plan, hplan);
     std::vector<uint16_t> hx = to_host_bf16(hidden.p, t * h), got = to_host_bf16(out.p, t * h), want(t * h);
     ExpertWeights hwv;
@@ -231,7 +231,8 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
     ck(cudaStreamSynchronize(s), "cudaStreamSynchronize");
     int64_t rows = 0;
     for (int g = 0; g < static_cast<int>(counts.size()); ++g) {
-      const bool local = g >= e || (g >= cfg.local_expert_offset && g < cfg.local_expert_offset + cfg.local_experts());
+      const bool local =
+          g >= e || (g >= cfg.local_expert_offset && g < cfg.local_expert_offset + cfg.local_experts());
       if (!local || counts[g] == 0) continue;
       ++row.active_experts;
       rows += counts[g];
@@ -239,7 +240,8 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
     row.bytes = double(row.active_experts) * 3.0 * h * in * 2 + 2.0 * t * h * 2;
     row.flops = 6.0 * double(rows) * h * in;
     row.floor_us = std::max(row.bytes / (report.ceilings.copy_tb_per_s * 1e12),
-                            row.flops / (report.ceilings.gemm_tflop_per_s * 1e12)) * 1e6;
+                            row.flops / (report.ceilings.gemm_tflop_per_s * 1e12)) *
+                   1e6;
 
     const bench::LaunchFn experts = [&](int, Stream st) { layer.run(plan, hv, ov, st, tactic); };
     const bench::LaunchFn both = [&](int, Stream st) {

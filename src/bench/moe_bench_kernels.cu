@@ -32,8 +32,7 @@ __global__ void fill_uniform_kernel(void* p, int64_t n, bool bf16, float scale, 
 
 void check(const char* what) {
   const cudaError_t err = cudaGetLastError();
-  if (err != cudaSuccess)
-    throw CudaError("bench", std::string(what) + " launch failed: " + cudaGetErrorString(err));
+  if (err != cudaSuccess) throw CudaError("bench", std::string(what) + " launch failed: " + cudaGetErrorString(err));
 }
 
 }  // namespace

@@ -44,7 +44,8 @@ std::vector<RouteCase> route_fixtures(std::string_view name) {
       v.push_back({"seed6", routing(RoutingMethod::softmax_topk, 512, x[1], false, 1, 1, 1.0f), x[0], x[2]});
   } else if (name == "dsv3") {
     for (int64_t t : {1, 64, 1024, 16384})
-      v.push_back({"dsv3", routing(RoutingMethod::sigmoid_grouped, 256, 8, true, 8, 4, 2.5f), t, 64, DType::f32, true});
+      v.push_back(
+          {"dsv3", routing(RoutingMethod::sigmoid_grouped, 256, 8, true, 8, 4, 2.5f), t, 64, DType::f32, true});
   } else {
     throw InvalidArgument("bench", fmt::format("fixtures ('{}') must be one of: seed6, dsv3", name));
   }
@@ -55,19 +56,20 @@ std::string route_markdown(const std::vector<RouteResult>& results, const Ceilin
   std::string s = fmt::format(
       "{}: copy {:.2f} TB/s (read+write), empty kernel {:.2f} us (CUPTI), empty launch in a graph {:.2f} us\n\n",
       c.device, c.copy_bytes_per_s / 1e12, c.empty_kernel_us, c.empty_graph_launch_us);
-  s += "| fixture | method | E | K | T | B | dtype | CTAs | kernels | kernel us (p10-p90) | graph us | floor us | goal us "
+  s += "| fixture | method | E | K | T | B | dtype | CTAs | kernels | kernel us (p10-p90) | graph us | floor us | "
+       "goal us "
        "| verified |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const RouteResult& r : results) {
     const bool timed = r.kernel.samples > 0;
-    s += fmt::format("| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2f} | {:.0f} | {} |\n", r.c.fixture,
-                     routing_method_name(r.c.cfg.method), r.c.cfg.num_experts, r.c.cfg.top_k, r.c.tokens, r.c.block,
-                     dtype_name(r.c.dtype), r.ctas_requested ? fmt::format("{} (forced)", r.ctas) : std::to_string(r.ctas),
-                     r.kernels_per_call,
-                     timed ? fmt::format("**{:.2f}** ({:.2f}-{:.2f})", r.kernel.median_us, r.kernel.p10_us,
-                                         r.kernel.p90_us)
-                           : std::string("-"),
-                     timed ? fmt::format("{:.2f}", r.graph.median_us) : std::string("-"), r.floor_us, r.goal_us,
-                     r.verified ? "yes" : "NO: " + r.mismatch);
+    s += fmt::format(
+        "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2f} | {:.0f} | {} |\n", r.c.fixture,
+        routing_method_name(r.c.cfg.method), r.c.cfg.num_experts, r.c.cfg.top_k, r.c.tokens, r.c.block,
+        dtype_name(r.c.dtype), r.ctas_requested ? fmt::format("{} (forced)", r.ctas) : std::to_string(r.ctas),
+        r.kernels_per_call,
+        timed ? fmt::format("**{:.2f}** ({:.2f}-{:.2f})", r.kernel.median_us, r.kernel.p10_us, r.kernel.p90_us)
+              : std::string("-"),
+        timed ? fmt::format("{:.2f}", r.graph.median_us) : std::string("-"), r.floor_us, r.goal_us,
+        r.verified ? "yes" : "NO: " + r.mismatch);
   }
   for (const RouteResult& r : results)
     if (r.kernel.samples > 0 && r.timing_source != "cupti") {
@@ -86,8 +88,11 @@ std::string route_json(const std::vector<RouteResult>& results, const Ceilings& 
                    {"empty_kernel_us", c.empty_kernel_us},
                    {"empty_graph_launch_us", c.empty_graph_launch_us}};
   auto stats = [](const Stats& s) {
-    return nlohmann::json{{"median_us", s.median_us}, {"p10_us", s.p10_us}, {"p90_us", s.p90_us},
-                          {"min_us", s.min_us},       {"samples", s.samples}};
+    return nlohmann::json{{"median_us", s.median_us},
+                          {"p10_us", s.p10_us},
+                          {"p90_us", s.p90_us},
+                          {"min_us", s.min_us},
+                          {"samples", s.samples}};
   };
   j["results"] = nlohmann::json::array();
   for (const RouteResult& r : results)
@@ -156,8 +161,10 @@ std::string compare(const RouteCase& c, const RoutePlanView& gpu, const RoutePla
   for (int64_t i = 0; i < n; ++i)
     if (!(std::fabs(static_cast<double>(w[i]) - ref.topk_weights[i]) <= tol * std::fabs(ref.topk_weights[i])))
       return fmt::format("topk_weights[{}] = {}, reference {}", i, w[i], ref.topk_weights[i]);
-  if (!(d = first_difference("expert_counts", download(gpu.expert_counts, s.groups()), ref.expert_counts)).empty()) return d;
-  if (!(d = first_difference("expert_offsets", download(gpu.expert_offsets, s.groups() + 1), ref.expert_offsets)).empty())
+  if (!(d = first_difference("expert_counts", download(gpu.expert_counts, s.groups()), ref.expert_counts)).empty())
+    return d;
+  if (!(d = first_difference("expert_offsets", download(gpu.expert_offsets, s.groups() + 1), ref.expert_offsets))
+           .empty())
     return d;
   if (!(d = first_difference("sorted_slots", download(gpu.sorted_slots, cap), ref.sorted_slots)).empty()) return d;
   if (!(d = first_difference("slot_rows", download(gpu.slot_rows, n), ref.slot_rows)).empty()) return d;
@@ -190,7 +197,8 @@ std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCa
     for (float& b : bias) b = small(rng);
     DeviceMemory d_bias(bias.size() * 4);
     check(cudaMemcpy(d_bias.ptr, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy(bias)");
-    const TensorView bias_dev = c.bias ? TensorView::contiguous(d_bias.ptr, DType::f32, {E}, Device::cuda()) : TensorView{};
+    const TensorView bias_dev =
+        c.bias ? TensorView::contiguous(d_bias.ptr, DType::f32, {E}, Device::cuda()) : TensorView{};
     const TensorView bias_host = c.bias ? TensorView::contiguous(bias.data(), DType::f32, {E}) : TensorView{};
     DeviceMemory d_replay(static_cast<size_t>(T * K) * 2);
     const TensorView replay_dev = TensorView::contiguous(d_replay.ptr, DType::i16, {T, K}, Device::cuda());
@@ -211,8 +219,8 @@ std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCa
             "cudaMemcpy(logits)");
       // Verify this variant.
       check(cudaMemset(plan.view().sorted_slots, 0xa5, shape.capacity() * 4), "poison");
-      route(c.cfg, TensorView::contiguous(logits.back()->ptr, c.dtype, {T, E}, Device::cuda()), bias_dev, plan, stream,
-            replay_dev);
+      route(c.cfg, TensorView::contiguous(logits.back()->ptr, c.dtype, {T, E}, Device::cuda()), bias_dev, plan,
+            stream, replay_dev);
       check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "route");
       std::vector<int16_t> replay_ref(static_cast<size_t>(T * K));
       route(c.cfg, TensorView::contiguous(const_cast<void*>(host), c.dtype, {T, E}), bias_host, ref, nullptr,

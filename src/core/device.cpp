@@ -1,9 +1,9 @@
 // Device queries through the CUDA runtime; without a CUDA build (or a driver) they report no devices.
 #include "moekit/device.h"
 
-#include <utility>
-
 #include <fmt/format.h>
+
+#include <utility>
 
 #include "moekit/error.h"
 
@@ -37,8 +37,8 @@ int cuda_device_count() {
 DeviceInfo device_info(int index) {
   int n = cuda_device_count();
   if (index < 0 || index >= n)
-    throw NotSupported("device_info", fmt::format("device index ({}) must be < the number of CUDA devices ({})",
-                                                  index, n));
+    throw NotSupported("device_info",
+                       fmt::format("device index ({}) must be < the number of CUDA devices ({})", index, n));
   DeviceInfo info;
 #if MOEKIT_HAS_CUDA
   cudaDeviceProp p{};
@@ -82,7 +82,8 @@ DeviceBuffer::~DeviceBuffer() {
 
 void DeviceBuffer::upload(const void* host, size_t bytes) {
   if (bytes > bytes_)
-    throw InvalidArgument("device", fmt::format("upload of {} bytes must be <= the buffer's {} bytes", bytes, bytes_));
+    throw InvalidArgument("device",
+                          fmt::format("upload of {} bytes must be <= the buffer's {} bytes", bytes, bytes_));
   check(cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy(host to device)");
 }
 

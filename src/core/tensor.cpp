@@ -7,7 +7,9 @@
 
 namespace moekit {
 
-std::string device_name(const Device& d) { return d.is_cpu() ? "cpu" : fmt::format("cuda:{}", d.index); }
+std::string device_name(const Device& d) {
+  return d.is_cpu() ? "cpu" : fmt::format("cuda:{}", d.index);
+}
 
 TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape, Device device) {
   if (shape.size() > kMaxDims)

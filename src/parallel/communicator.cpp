@@ -37,7 +37,9 @@ void nccl_check(ncclResult_t r, std::string_view call) {
   if (r != ncclSuccess) throw CudaError("ep", fmt::format("{} failed: {}", call, ncclGetErrorString(r)));
 }
 
-void disable_nvls() { setenv("NCCL_NVLS_ENABLE", "0", 1); }
+void disable_nvls() {
+  setenv("NCCL_NVLS_ENABLE", "0", 1);
+}
 
 void check_world_size(int world_size) {
   if (world_size < 1 || world_size > kMaxWorldSize)
@@ -91,8 +93,8 @@ Communicator Communicator::init_rank(const CommUniqueId& id, int world_size, int
 std::vector<Communicator> Communicator::init_all(int world_size) {
   check_world_size(world_size);
   if (cuda_device_count() < world_size)
-    throw InvalidArgument("ep", fmt::format("world_size ({}) must be <= visible CUDA devices ({})", world_size,
-                                            cuda_device_count()));
+    throw InvalidArgument(
+        "ep", fmt::format("world_size ({}) must be <= visible CUDA devices ({})", world_size, cuda_device_count()));
   disable_nvls();
   std::vector<ncclComm_t> comms(static_cast<size_t>(world_size));
   std::vector<int> devs(static_cast<size_t>(world_size));
@@ -122,7 +124,9 @@ void Communicator::release() noexcept {
   state_.reset();
 }
 
-Communicator::~Communicator() { release(); }
+Communicator::~Communicator() {
+  release();
+}
 
 Communicator& Communicator::operator=(Communicator&& other) noexcept {
   if (this != &other) {
@@ -159,14 +163,22 @@ void run_on_gpus(int world_size, const std::function<void(int rank, Communicator
 
 #else
 
-Communicator Communicator::borrow(CommHandle) { throw NotSupported("ep", "moekit was built without CUDA"); }
-CommUniqueId Communicator::unique_id() { throw NotSupported("ep", "moekit was built without CUDA"); }
+Communicator Communicator::borrow(CommHandle) {
+  throw NotSupported("ep", "moekit was built without CUDA");
+}
+CommUniqueId Communicator::unique_id() {
+  throw NotSupported("ep", "moekit was built without CUDA");
+}
 Communicator Communicator::init_rank(const CommUniqueId&, int, int, int) {
   throw NotSupported("ep", "moekit was built without CUDA");
 }
-std::vector<Communicator> Communicator::init_all(int) { throw NotSupported("ep", "moekit was built without CUDA"); }
+std::vector<Communicator> Communicator::init_all(int) {
+  throw NotSupported("ep", "moekit was built without CUDA");
+}
 void Communicator::abort() {}
-void Communicator::release() noexcept { state_.reset(); }
+void Communicator::release() noexcept {
+  state_.reset();
+}
 Communicator::~Communicator() = default;
 Communicator& Communicator::operator=(Communicator&&) noexcept = default;
 void run_on_gpus(int, const std::function<void(int, Communicator&)>&) {
@@ -177,10 +189,20 @@ void run_on_gpus(int, const std::function<void(int, Communicator&)>&) {
 
 Communicator::Communicator() : state_(std::make_shared<State>()) {}
 Communicator::Communicator(Communicator&&) noexcept = default;
-CommHandle Communicator::handle() const { return state_ ? state_->comm : nullptr; }
-int Communicator::world_size() const { return state_ ? state_->world_size : 0; }
-int Communicator::rank() const { return state_ ? state_->rank : 0; }
-int Communicator::device() const { return state_ ? state_->device : 0; }
-bool Communicator::valid() const { return state_ && state_->comm != nullptr; }
+CommHandle Communicator::handle() const {
+  return state_ ? state_->comm : nullptr;
+}
+int Communicator::world_size() const {
+  return state_ ? state_->world_size : 0;
+}
+int Communicator::rank() const {
+  return state_ ? state_->rank : 0;
+}
+int Communicator::device() const {
+  return state_ ? state_->device : 0;
+}
+bool Communicator::valid() const {
+  return state_ && state_->comm != nullptr;
+}
 
 }  // namespace moekit

@@ -56,7 +56,8 @@ Weights make_weights(const ExpertConfig& global, int W, int r, uint64_t seed, in
   const int64_t H = global.hidden, I = global.intermediate, S = global.num_shared_experts, L = part.count;
   const int64_t n13 = 2 * I * H, n2 = H * I;
   Weights w{DeviceBuffer(static_cast<size_t>((L + S) * n13 * 2), device),
-            DeviceBuffer(static_cast<size_t>((L + S) * n2 * 2), device), {}};
+            DeviceBuffer(static_cast<size_t>((L + S) * n2 * 2), device),
+            {}};
   auto* p13 = static_cast<uint16_t*>(w.w13.data());
   auto* p2 = static_cast<uint16_t*>(w.w2.data());
   const float s13 = 1.0f / std::sqrt(static_cast<float>(H)), s2 = 1.0f / std::sqrt(static_cast<float>(I));
@@ -146,8 +147,8 @@ EpBenchReport bench_ep(const EpBenchOptions& o) {
   if (o.gpus < 1 || o.gpus > kMaxWorldSize)
     throw InvalidArgument("bench", fmt::format("gpus ({}) must be in 1..{}", o.gpus, kMaxWorldSize));
   if (cuda_device_count() < o.gpus)
-    throw NotSupported("bench", fmt::format("gpus ({}) must be <= visible CUDA devices ({})", o.gpus,
-                                            cuda_device_count()));
+    throw NotSupported("bench",
+                       fmt::format("gpus ({}) must be <= visible CUDA devices ({})", o.gpus, cuda_device_count()));
   for (int d = 0; d < o.gpus; ++d)
     if (!device_is_sm90(d)) throw NotSupported("bench", fmt::format("device ({}) must be an sm_90 GPU", d));
 
@@ -255,7 +256,9 @@ EpBenchReport bench_ep(const EpBenchOptions& o) {
 
 #else
 
-EpBenchReport bench_ep(const EpBenchOptions&) { throw NotSupported("bench", "moekit was built without CUDA"); }
+EpBenchReport bench_ep(const EpBenchOptions&) {
+  throw NotSupported("bench", "moekit was built without CUDA");
+}
 
 #endif
 

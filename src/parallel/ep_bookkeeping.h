@@ -22,7 +22,9 @@ MOEKIT_EP_HD int part_offset(int E, int W, int r) {
   const int base = E / W, rem = E % W;
   return r * base + (r < rem ? r : rem);
 }
-MOEKIT_EP_HD int part_count(int E, int W, int r) { return E / W + (r < E % W ? 1 : 0); }
+MOEKIT_EP_HD int part_count(int E, int W, int r) {
+  return E / W + (r < E % W ? 1 : 0);
+}
 MOEKIT_EP_HD int part_owner(int E, int W, int e) {
   const int base = E / W, rem = E % W, big = rem * (base + 1);
   return e < big ? e / (base + 1) : rem + (e - big) / base;
@@ -49,11 +51,15 @@ MOEKIT_EP_HD bool is_inert_expert(int e, int E, int local_offset, int local_coun
 /// Both modes lay rows out in slabs of T rows per source rank (all-gather: gathered token p*T + t is token t of
 /// rank p; all-to-all: receive row p*T + i came from rank p). A row's fused shared slots keep their weight only on
 /// the rank the token lives on, so replicated shared experts are summed once.
-MOEKIT_EP_HD bool keeps_shared(int64_t row, int64_t T, int self) { return row / T == self; }
+MOEKIT_EP_HD bool keeps_shared(int64_t row, int64_t T, int self) {
+  return row / T == self;
+}
 
 /// Layout of the exchange buffers for T tokens per rank: row i of the slab for peer p is row p*T + i.
 /// A row's metadata is 2K int32: the K routed ids, then the K weights' fp32 bits.
-MOEKIT_EP_HD int meta_width(int K) { return 2 * K; }
+MOEKIT_EP_HD int meta_width(int K) {
+  return 2 * K;
+}
 
 /// Host version of the all-to-all dispatch table (the GPU builds the same with one CTA scan per destination).
 struct DispatchTable {

@@ -2,12 +2,12 @@
 // chunks, so rows keep ascending token order), row packing with 16-byte copies, receiver scores, shared-slot
 // masking, the fp32 all-to-all combine, and a counter-hash fill. Every kernel reads its row counts on the device,
 // so nothing here needs the host to know how many rows moved.
-#include <cub/block/block_scan.cuh>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cub/block/block_scan.cuh>
 #include <string>
 
 #include "moekit/error.h"
@@ -99,8 +99,8 @@ __global__ void __launch_bounds__(kRowThreads) ep_combine_kernel(CombineParams p
     float2 acc = {0.0f, 0.0f};
     for (int d = 0; d < p.W; ++d) {  // rank order: deterministic
       if (pos[d] < 0) continue;
-      const float2 v = __bfloat1622float2(
-          *reinterpret_cast<const __nv_bfloat162*>(back + (d * p.tokens + pos[d]) * p.hidden + c));
+      const float2 v =
+          __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(back + (d * p.tokens + pos[d]) * p.hidden + c));
       acc.x += v.x;
       acc.y += v.y;
     }
@@ -129,7 +129,9 @@ __global__ void ep_hash_fill_kernel(HashFillParams p) {
   }
 }
 
-cudaStream_t cu(Stream s) { return static_cast<cudaStream_t>(s); }
+cudaStream_t cu(Stream s) {
+  return static_cast<cudaStream_t>(s);
+}
 
 }  // namespace
 

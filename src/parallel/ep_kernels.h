@@ -32,7 +32,7 @@ struct PackParams {
   const int32_t* send_count = nullptr;
   int64_t tokens = 0, hidden_size = 0;
   int K = 0, Kt = 0, W = 1;
-  void* send_hidden = nullptr;  // [W*T, H] bf16
+  void* send_hidden = nullptr;   // [W*T, H] bf16
   int32_t* send_meta = nullptr;  // [W*T, 2K]
 };
 void launch_pack(const PackParams& p, Stream stream);
@@ -61,7 +61,7 @@ struct CombineParams {
   const int32_t* token_pos = nullptr;  // [T, W]
   int64_t tokens = 0, hidden = 0;
   int W = 1;
-  void* out = nullptr;                 // [T, H] bf16
+  void* out = nullptr;  // [T, H] bf16
 };
 void launch_combine(const CombineParams& p, Stream stream);
 

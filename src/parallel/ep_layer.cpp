@@ -21,8 +21,8 @@
 #include <nccl.h>
 
 #include "parallel/ep_bookkeeping.h"
-#include "parallel/ep_validate.h"
 #include "parallel/ep_kernels.h"
+#include "parallel/ep_validate.h"
 #endif
 
 namespace moekit {
@@ -41,7 +41,9 @@ void nccl(ncclResult_t r, std::string_view call) {
   if (r != ncclSuccess) throw CudaError("ep", fmt::format("{} failed: {}", call, ncclGetErrorString(r)));
 }
 
-ncclDataType_t nccl_type(DType t) { return t == DType::bf16 ? ncclBfloat16 : ncclFloat32; }
+ncclDataType_t nccl_type(DType t) {
+  return t == DType::bf16 ? ncclBfloat16 : ncclFloat32;
+}
 
 }  // namespace
 
@@ -57,9 +59,9 @@ struct EpLayer::Impl {
   std::unique_ptr<RoutePlan> own_plan;  // all_to_all: this rank's T tokens
   std::vector<DeviceBuffer> buffers;
   // all_gather
-  void* g_hidden = nullptr;   // [W*Tm, H] bf16
-  void* g_logits = nullptr;   // [W*Tm, E] fp32 or bf16
-  void* partial = nullptr;    // [W*Tm, H] bf16
+  void* g_hidden = nullptr;  // [W*Tm, H] bf16
+  void* g_logits = nullptr;  // [W*Tm, E] fp32 or bf16
+  void* partial = nullptr;   // [W*Tm, H] bf16
   // all_to_all
   int32_t* send_token = nullptr;  // [W*Tm]
   int32_t* send_count = nullptr;  // [W]
@@ -147,8 +149,8 @@ void EpLayer::forward(const TensorView& hidden, const TensorView& logits, const 
                     v.is_contiguous() && v.device == dev && reinterpret_cast<uintptr_t>(v.data) % 16 == 0;
     if (!ok)
       throw InvalidArgument("ep", fmt::format("{} ({}) must be [T, H] = [{}, {}] bf16 contiguous, 16-byte aligned, "
-                                              "on {}", name, v.present() ? v.describe() : "absent", T, H,
-                                              device_name(dev)));
+                                              "on {}",
+                                              name, v.present() ? v.describe() : "absent", T, H, device_name(dev)));
   };
   if (T < 0 || T > m.args.max_tokens)
     throw InvalidArgument("ep", fmt::format("tokens ({}) must be in 0..{} (max_tokens)", T, m.args.max_tokens));
@@ -208,9 +210,9 @@ void EpLayer::Impl::forward_all_to_all(const TensorView& hidden, const TensorVie
   route(args.routing, logits, args.routing_bias, *own_plan, stream);
   const RoutePlanView& own = own_plan->view();
   ep_detail::launch_dispatch({own.topk_ids, T, K, S, E, W, r, send_token, send_count, token_pos}, stream);
-  ep_detail::launch_pack({hidden.data, own.topk_ids, own.topk_weights, send_token, send_count, T, H, K, Kt, W,
-                          send_hidden, send_meta},
-                         stream);
+  ep_detail::launch_pack(
+      {hidden.data, own.topk_ids, own.topk_weights, send_token, send_count, T, H, K, Kt, W, send_hidden, send_meta},
+      stream);
   // This rank's own slab moves by copy; the others by fixed-size messages (the counts say how much is real).
   ck(cudaMemcpyAsync(recv_count + r, send_count + r, 4, cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync(count)");
   ck(cudaMemcpyAsync(rh + r * T * H, sh + r * T * H, T * H * 2, cudaMemcpyDeviceToDevice, s),
@@ -235,9 +237,8 @@ void EpLayer::Impl::forward_all_to_all(const TensorView& hidden, const TensorVie
     }
     nccl(ncclGroupEnd(), "ncclGroupEnd");
   }
-  ep_detail::launch_scores({recv_meta, recv_count, T, W, K, E, local.local_expert_offset, local.local_experts(),
-                            scores},
-                           stream);
+  ep_detail::launch_scores(
+      {recv_meta, recv_count, T, W, K, E, local.local_expert_offset, local.local_experts(), scores}, stream);
   route(receiver_routing, TensorView::contiguous(scores, DType::f32, {W * T, E}, dev), {}, *plan, stream);
   ep_detail::launch_mask_shared({plan->view().topk_weights, W * T, T, K, Kt, r}, stream);
   experts->run(*plan, TensorView::contiguous(recv_hidden, DType::bf16, {W * T, H}, dev),
@@ -256,10 +257,18 @@ void EpLayer::Impl::forward_all_to_all(const TensorView& hidden, const TensorVie
   ep_detail::launch_combine({back, token_pos, T, H, W, out.data}, stream);
 }
 
-const ExpertConfig& EpLayer::local_config() const { return impl_->local; }
-EpMode EpLayer::mode() const { return impl_->args.mode; }
-int64_t EpLayer::max_tokens() const { return impl_->args.max_tokens; }
-int64_t EpLayer::workspace_bytes() const { return impl_->bytes + impl_->experts->workspace_bytes(); }
+const ExpertConfig& EpLayer::local_config() const {
+  return impl_->local;
+}
+EpMode EpLayer::mode() const {
+  return impl_->args.mode;
+}
+int64_t EpLayer::max_tokens() const {
+  return impl_->args.max_tokens;
+}
+int64_t EpLayer::workspace_bytes() const {
+  return impl_->bytes + impl_->experts->workspace_bytes();
+}
 
 #else
 
@@ -273,10 +282,18 @@ EpLayer& EpLayer::operator=(EpLayer&&) noexcept = default;
 void EpLayer::forward(const TensorView&, const TensorView&, const TensorView&, Stream, ExpertTactic) {
   throw NotSupported("ep", "moekit was built without CUDA");
 }
-const ExpertConfig& EpLayer::local_config() const { throw NotSupported("ep", "moekit was built without CUDA"); }
-EpMode EpLayer::mode() const { return EpMode::all_gather; }
-int64_t EpLayer::max_tokens() const { return 0; }
-int64_t EpLayer::workspace_bytes() const { return 0; }
+const ExpertConfig& EpLayer::local_config() const {
+  throw NotSupported("ep", "moekit was built without CUDA");
+}
+EpMode EpLayer::mode() const {
+  return EpMode::all_gather;
+}
+int64_t EpLayer::max_tokens() const {
+  return 0;
+}
+int64_t EpLayer::workspace_bytes() const {
+  return 0;
+}
 
 #endif
 

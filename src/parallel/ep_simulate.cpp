@@ -194,8 +194,13 @@ void ep_simulate(const EpSimArgs& a, std::span<const EpSimRank> ranks) {
     validate_route_args(a.routing, k.logits, a.routing_bias, {}, T, Device::cpu());
   }
   if (T == 0) return;
-  const SimShape s{W, a.experts.num_experts, a.experts.top_k, a.experts.num_shared_experts,
-                   a.experts.top_k + a.experts.num_shared_experts, T, a.experts.hidden};
+  const SimShape s{W,
+                   a.experts.num_experts,
+                   a.experts.top_k,
+                   a.experts.num_shared_experts,
+                   a.experts.top_k + a.experts.num_shared_experts,
+                   T,
+                   a.experts.hidden};
   if (a.mode == EpMode::all_gather)
     simulate_all_gather(a, ranks, s);
   else

@@ -19,8 +19,7 @@ void check_world(int num_experts, int world_size, int rank) {
   if (rank < 0 || rank >= world_size)
     throw InvalidArgument("ep", fmt::format("rank ({}) must be in 0..{}", rank, world_size - 1));
   if (num_experts < world_size)
-    throw InvalidArgument("ep",
-                          fmt::format("world_size ({}) must be <= num_experts ({})", world_size, num_experts));
+    throw InvalidArgument("ep", fmt::format("world_size ({}) must be <= num_experts ({})", world_size, num_experts));
 }
 
 constexpr std::array<std::pair<EpMode, std::string_view>, 2> kModes{{
@@ -48,9 +47,9 @@ ExpertConfig rank_expert_config(const ExpertConfig& global, int world_size, int 
                      (global.local_num_experts == global.num_experts && global.local_expert_offset == 0);
   const bool same = global.local_num_experts == p.count && global.local_expert_offset == p.offset;
   if (!whole && !same)
-    throw InvalidArgument(
-        "ep", fmt::format("local experts ({} at {}) must be -1 or rank {}'s partition ({} at {})",
-                          global.local_num_experts, global.local_expert_offset, rank, p.count, p.offset));
+    throw InvalidArgument("ep",
+                          fmt::format("local experts ({} at {}) must be -1 or rank {}'s partition ({} at {})",
+                                      global.local_num_experts, global.local_expert_offset, rank, p.count, p.offset));
   ExpertConfig c = global;
   c.local_num_experts = p.count;
   c.local_expert_offset = p.offset;

@@ -51,11 +51,11 @@ void check_plan_sizes(std::string_view tokens_name, int64_t tokens, int64_t min_
 
 // Element counts of the plan's buffers, in storage order.
 struct BufferSizes {
-  int64_t per_slot;  // topk_ids, topk_weights, slot_rows: max_tokens * Kt each
-  int64_t groups;    // expert_counts: G
-  int64_t capacity;  // sorted_slots
-  int64_t blocks;    // block_experts: capacity / B
-  int64_t workspace; // the CUDA router's scratch (zeroed once here; the kernel leaves it zeroed)
+  int64_t per_slot;   // topk_ids, topk_weights, slot_rows: max_tokens * Kt each
+  int64_t groups;     // expert_counts: G
+  int64_t capacity;   // sorted_slots
+  int64_t blocks;     // block_experts: capacity / B
+  int64_t workspace;  // the CUDA router's scratch (zeroed once here; the kernel leaves it zeroed)
 };
 
 BufferSizes buffer_sizes(const PlanShape& s, Device device) {

@@ -38,8 +38,8 @@ constexpr ExpertConfig experts(int e, int k, int h, int i, int s, Activation act
 }
 
 const std::array<Preset, 7> kPresets{{
-    {"mixtral-8x7b", "Mixtral 8x7B: softmax top-2, renormalized",
-     routing(RoutingMethod::softmax_topk, 8, 2, 0, true), experts(8, 2, 4096, 14336, 0), false, false, 128},
+    {"mixtral-8x7b", "Mixtral 8x7B: softmax top-2, renormalized", routing(RoutingMethod::softmax_topk, 8, 2, 0, true),
+     experts(8, 2, 4096, 14336, 0), false, false, 128},
     {"qwen3-30b-a3b", "Qwen3-30B-A3B: top-8 of 128 with softmax over the selected",
      routing(RoutingMethod::topk_softmax, 128, 8, 0, true), experts(128, 8, 2048, 768, 0), false, false, 64},
     {"deepseek-v3", "DeepSeek-V3/R1: sigmoid + bias, 8 groups keep 4, top-8 of 256, scale 2.5, 1 shared expert",
@@ -59,7 +59,9 @@ const std::array<Preset, 7> kPresets{{
 
 }  // namespace
 
-std::span<const Preset> presets() { return kPresets; }
+std::span<const Preset> presets() {
+  return kPresets;
+}
 
 const Preset& find_preset(std::string_view name) {
   std::string names;

@@ -15,13 +15,27 @@
 namespace moekit::routing_math {
 
 #if defined(__CUDA_ARCH__)
-MOEKIT_HD float mul(float a, float b) { return __fmul_rn(a, b); }
-MOEKIT_HD float add(float a, float b) { return __fadd_rn(a, b); }
-MOEKIT_HD float div(float a, float b) { return __fdiv_rn(a, b); }
-MOEKIT_HD float fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
-MOEKIT_HD float round_int(float a) { return rintf(a); }
-MOEKIT_HD uint32_t bits(float f) { return __float_as_uint(f); }
-MOEKIT_HD float from_bits(uint32_t u) { return __uint_as_float(u); }
+MOEKIT_HD float mul(float a, float b) {
+  return __fmul_rn(a, b);
+}
+MOEKIT_HD float add(float a, float b) {
+  return __fadd_rn(a, b);
+}
+MOEKIT_HD float div(float a, float b) {
+  return __fdiv_rn(a, b);
+}
+MOEKIT_HD float fma(float a, float b, float c) {
+  return __fmaf_rn(a, b, c);
+}
+MOEKIT_HD float round_int(float a) {
+  return rintf(a);
+}
+MOEKIT_HD uint32_t bits(float f) {
+  return __float_as_uint(f);
+}
+MOEKIT_HD float from_bits(uint32_t u) {
+  return __uint_as_float(u);
+}
 #else
 MOEKIT_HD float mul(float a, float b) {
   volatile float r = a * b;  // volatile: no contraction with a neighbouring add
@@ -31,9 +45,15 @@ MOEKIT_HD float add(float a, float b) {
   volatile float r = a + b;
   return r;
 }
-MOEKIT_HD float div(float a, float b) { return a / b; }
-MOEKIT_HD float fma(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
-MOEKIT_HD float round_int(float a) { return __builtin_rintf(a); }
+MOEKIT_HD float div(float a, float b) {
+  return a / b;
+}
+MOEKIT_HD float fma(float a, float b, float c) {
+  return __builtin_fmaf(a, b, c);
+}
+MOEKIT_HD float round_int(float a) {
+  return __builtin_rintf(a);
+}
 MOEKIT_HD uint32_t bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -46,8 +66,8 @@ MOEKIT_HD float from_bits(uint32_t u) {
 }
 #endif
 
-/// exp(x) in fp32, within 3 ulp of the correctly rounded value, bitwise identical on host and device. Cody-Waite reduction by ln 2, a degree-6
-/// polynomial on [-ln2/2, ln2/2], then an exact scaling by 2^k.
+/// exp(x) in fp32, within 3 ulp of the correctly rounded value, bitwise identical on host and device. Cody-Waite
+/// reduction by ln 2, a degree-6 polynomial on [-ln2/2, ln2/2], then an exact scaling by 2^k.
 MOEKIT_HD float exp(float x) {
   if (x != x) return x;
   if (x > 88.72283935546875f) return from_bits(0x7f800000u);
@@ -76,7 +96,9 @@ MOEKIT_HD float exp(float x) {
 }
 
 /// 1 / (1 + exp(-x)), IEEE-rounded division.
-MOEKIT_HD float sigmoid(float x) { return div(1.0f, add(1.0f, exp(-x))); }
+MOEKIT_HD float sigmoid(float x) {
+  return div(1.0f, add(1.0f, exp(-x)));
+}
 
 /// Maps a key to an unsigned integer with the same order: NaN lowest (below -inf), -0 equal to +0.
 MOEKIT_HD uint32_t ordered_key(float key) {
@@ -88,7 +110,8 @@ MOEKIT_HD uint32_t ordered_key(float key) {
 
 /// A (key, expert) pair as one integer: larger is selected first; equal keys prefer the lower expert id.
 MOEKIT_HD uint64_t packed_key(float key, int expert) {
-  return (static_cast<uint64_t>(ordered_key(key)) << 32) | static_cast<uint32_t>(0xffffffffu - static_cast<uint32_t>(expert));
+  return (static_cast<uint64_t>(ordered_key(key)) << 32) |
+         static_cast<uint32_t>(0xffffffffu - static_cast<uint32_t>(expert));
 }
 
 /// The expert id packed by packed_key().

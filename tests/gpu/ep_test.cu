@@ -44,10 +44,10 @@ std::string missing_gpus(int W) {
   return "";
 }
 
-#define MOEKIT_REQUIRE_GPUS(W)                          \
-  do {                                                  \
-    const std::string why = missing_gpus(W);            \
-    if (!why.empty()) GTEST_SKIP() << why;              \
+#define MOEKIT_REQUIRE_GPUS(W)               \
+  do {                                       \
+    const std::string why = missing_gpus(W); \
+    if (!why.empty()) GTEST_SKIP() << why;   \
   } while (0)
 
 struct GpuCase {
@@ -76,9 +76,8 @@ RoutingConfig routing_of(RoutingMethod m, int E, int K, int S, bool renorm, int 
 
 std::vector<GpuCase> gpu_cases() {
   return {
-      {"dsv3-like sigmoid_grouped E16 K4 S1 bias", routing_of(RoutingMethod::sigmoid_grouped, 16, 4, 1, true, 4, 2,
-                                                               2.5f),
-       256, 128, 200, 64, true},
+      {"dsv3-like sigmoid_grouped E16 K4 S1 bias",
+       routing_of(RoutingMethod::sigmoid_grouped, 16, 4, 1, true, 4, 2, 2.5f), 256, 128, 200, 64, true},
       {"softmax_topk E13 K3 uneven, bf16 logits", routing_of(RoutingMethod::softmax_topk, 13, 3, 0, true), 128, 64,
        64, 16, false, DType::bf16},
       {"softmax_topk E4 K3 (E - L < K)", routing_of(RoutingMethod::softmax_topk, 4, 3, 0, true), 128, 64, 19, 16},
@@ -110,8 +109,8 @@ struct Layer {
   ExpertConfig global{};
   std::vector<uint16_t> w13, w2;
   std::vector<float> bias;
-  std::vector<std::vector<uint16_t>> hidden;  // per set [W*T, H]
-  std::vector<std::vector<char>> logits;      // per set [W*T, E] in c.logits_dtype
+  std::vector<std::vector<uint16_t>> hidden;    // per set [W*T, H]
+  std::vector<std::vector<char>> logits;        // per set [W*T, E] in c.logits_dtype
   std::vector<std::vector<uint16_t>> expected;  // per set [W*T, H]: the single-GPU layer
 
   Layer(const GpuCase& gc, int world, int sets, uint32_t seed) : c(gc), W(world) {

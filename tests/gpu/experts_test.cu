@@ -27,7 +27,9 @@ namespace {
 
 #define MOEKIT_CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
-bool have_sm90() { return device_is_sm90(0); }
+bool have_sm90() {
+  return device_is_sm90(0);
+}
 
 #define MOEKIT_REQUIRE_SM90() \
   if (!have_sm90()) GTEST_SKIP() << "no sm90 GPU: the bf16 expert kernels need an H100/H200"
@@ -195,7 +197,9 @@ struct DeviceWeights {
   DeviceBuffer w13, w2, b13, b2;
   ExpertWeights view;
   explicit DeviceWeights(const Problem& p)
-      : w13(p.w13.size() * 2), w2(p.w2.size() * 2), b13(p.host_weights.b13.numel() * 4),
+      : w13(p.w13.size() * 2),
+        w2(p.w2.size() * 2),
+        b13(p.host_weights.b13.numel() * 4),
         b2(p.host_weights.b2.numel() * 4) {
     const Device dev = Device::cuda(0);
     auto put = [&](DeviceBuffer& d, const TensorView& h, TensorView& out) {
@@ -426,8 +430,9 @@ TEST(CudaExperts, RejectsBadArguments) {
     layer.run(dplan, wrong, ov);
     ADD_FAILURE() << "no exception for fp16 hidden";
   } catch (const InvalidArgument& e) {
-    EXPECT_EQ(std::string(e.what()), "moekit::experts: hidden ([5, 520] fp16 cuda:0) must be [T, H] = [5, 520] "
-                                     "bf16 contiguous on cuda:0");
+    EXPECT_EQ(std::string(e.what()),
+              "moekit::experts: hidden ([5, 520] fp16 cuda:0) must be [T, H] = [5, 520] "
+              "bf16 contiguous on cuda:0");
   }
   CudaExpertsArgs bad{c.cfg, dw.view, 0, c.block, dev};
   try {

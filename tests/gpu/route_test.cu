@@ -82,7 +82,8 @@ struct PlanHost {
 
 PlanHost read_plan(const RoutePlanView& v, int64_t tokens, bool on_device) {
   const PlanShape& s = v.shape;
-  const int64_t n = tokens * s.slots(), cap = plan_capacity(tokens, s.num_experts, s.top_k, s.num_shared_experts, s.block);
+  const int64_t n = tokens * s.slots(),
+                cap = plan_capacity(tokens, s.num_experts, s.top_k, s.num_shared_experts, s.block);
   PlanHost h;
   auto get = [&](auto& dst, const auto* src, int64_t count) {
     dst.resize(static_cast<size_t>(count));
@@ -139,7 +140,7 @@ template <class T>
 // Inputs of one case on the host (fp32 values exactly representable in the case's dtype) and on the device.
 struct Inputs {
   int64_t stride = 0;
-  std::vector<float> logits;     // [T, stride] as fp32
+  std::vector<float> logits;       // [T, stride] as fp32
   std::vector<uint16_t> logits16;  // bf16 bits when dtype is bf16
   std::vector<float> bias;
   std::vector<uint16_t> bias16;
@@ -157,17 +158,29 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
     for (int e = 0; e < E; ++e) {
       float v = 0.0f;
       switch (c.dist) {
-        case Dist::normal: v = normal(rng); break;
-        case Dist::ties: v = static_cast<float>(small(rng)); break;
-        case Dist::coarse: v = std::round(normal(rng) * 4.0f) / 4.0f; break;
-        case Dist::hot: v = normal(rng) + (e == 5 ? 100.0f : 0.0f); break;
-        case Dist::positive: v = std::fabs(normal(rng)) + 0.01f; break;
+        case Dist::normal:
+          v = normal(rng);
+          break;
+        case Dist::ties:
+          v = static_cast<float>(small(rng));
+          break;
+        case Dist::coarse:
+          v = std::round(normal(rng) * 4.0f) / 4.0f;
+          break;
+        case Dist::hot:
+          v = normal(rng) + (e == 5 ? 100.0f : 0.0f);
+          break;
+        case Dist::positive:
+          v = std::fabs(normal(rng)) + 0.01f;
+          break;
         case Dist::lane_crowded: {
           const int per_lane = c.dtype == DType::bf16 ? 8 : 4;
           v = normal(rng) + ((e / per_lane) % 32 == 3 ? 50.0f : 0.0f);
           break;
         }
-        case Dist::nan: v = (t % 7 == 0 || small(rng) == 0) ? NAN : normal(rng); break;
+        case Dist::nan:
+          v = (t % 7 == 0 || small(rng) == 0) ? NAN : normal(rng);
+          break;
       }
       if (c.dtype == DType::bf16) v = round_to_bf16(v);
       in.logits[t * in.stride + e] = v;
@@ -254,15 +267,16 @@ void check_case(const Case& c, uint64_t seed) {
   // GPU.
   const size_t esz = c.dtype == DType::bf16 ? 2 : 4;
   DeviceBuffer d_logits(static_cast<size_t>(T * in.stride) * esz + 16);
-  ck(cudaMemcpy(d_logits.ptr, c.dtype == DType::bf16 ? static_cast<const void*>(in.logits16.data()) : in.logits.data(),
+  ck(cudaMemcpy(d_logits.ptr,
+                c.dtype == DType::bf16 ? static_cast<const void*>(in.logits16.data()) : in.logits.data(),
                 static_cast<size_t>(T * in.stride) * esz, cudaMemcpyHostToDevice),
      "copy logits");
   DeviceBuffer d_bias(static_cast<size_t>(c.cfg.num_experts) * 4);
   TensorView dev_bias;
   if (c.bias) {
     const bool b16 = c.bias_dtype == DType::bf16;
-    ck(cudaMemcpy(d_bias.ptr, b16 ? static_cast<const void*>(hb16.data()) : hb.data(), c.cfg.num_experts * (b16 ? 2 : 4),
-                  cudaMemcpyHostToDevice),
+    ck(cudaMemcpy(d_bias.ptr, b16 ? static_cast<const void*>(hb16.data()) : hb.data(),
+                  c.cfg.num_experts * (b16 ? 2 : 4), cudaMemcpyHostToDevice),
        "copy bias");
     dev_bias = TensorView::contiguous(d_bias.ptr, c.bias_dtype, {c.cfg.num_experts}, Device::cuda());
   }
@@ -401,7 +415,8 @@ std::vector<Case> cases() {
 TEST_F(GpuRoute, MatchesReference) {
   uint64_t seed = base_seed();
   const bool quick = std::getenv("MOEKIT_TEST_QUICK") != nullptr;
-  std::printf("[ seed     ] MOEKIT_TEST_SEED=%llu%s\n", static_cast<unsigned long long>(seed), quick ? " (quick)" : "");
+  std::printf("[ seed     ] MOEKIT_TEST_SEED=%llu%s\n", static_cast<unsigned long long>(seed),
+              quick ? " (quick)" : "");
   for (const Case& c : cases()) {
     const uint64_t s = seed++;
     if (!quick || c.tokens <= 2048) check_case(c, s);
@@ -418,7 +433,8 @@ TEST_F(GpuRoute, ReusedPlanAcrossGrids) {
   RoutePlan plan(PlanShape{max_t, 128, 4, 0, 8}, Device::cuda());
   DeviceBuffer d_logits(max_t * 128 * 4);
   int call = 0;
-  for (int64_t T : {int64_t{4000}, int64_t{20}, int64_t{700}, int64_t{4000}, int64_t{100}, int64_t{1}, int64_t{2500}}) {
+  for (int64_t T :
+       {int64_t{4000}, int64_t{20}, int64_t{700}, int64_t{4000}, int64_t{100}, int64_t{1}, int64_t{2500}}) {
     const uint64_t s = seed + static_cast<uint64_t>(call++);
     SCOPED_TRACE("call " + std::to_string(call) + " T " + std::to_string(T) + " seed " + std::to_string(s));
     Case c{"reuse", cfg, T, 8};

@@ -48,19 +48,20 @@ nlohmann::json to_json(const EpBenchReport& r) {
 }
 
 void print_table(const EpBenchReport& r) {
-  std::printf("%s", fmt::format("ep bench: {} (E = {}{}) on {} x {}; eager forward calls, CUDA events, medians; "
-                                "single = the whole layer on one GPU at T tokens\n",
-                                r.preset, r.num_experts, r.reduced ? ", reduced to fit one GPU" : "", r.gpus,
-                                r.device)
-                        .c_str());
-  std::printf("| mode | T per rank | single GPU us | EP us (slowest rank) | single tok/s | EP tok/s per rank | "
-              "EP / single | verify err |\n|---|---|---|---|---|---|---|---|\n");
+  std::printf("%s",
+              fmt::format("ep bench: {} (E = {}{}) on {} x {}; eager forward calls, CUDA events, medians; "
+                          "single = the whole layer on one GPU at T tokens\n",
+                          r.preset, r.num_experts, r.reduced ? ", reduced to fit one GPU" : "", r.gpus, r.device)
+                  .c_str());
+  std::printf(
+      "| mode | T per rank | single GPU us | EP us (slowest rank) | single tok/s | EP tok/s per rank | "
+      "EP / single | verify err |\n|---|---|---|---|---|---|---|---|\n");
   for (const EpBenchRow& x : r.rows)
-    std::printf("%s", fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.3g} | {:.3g} | {:.2f} | {:.1e} |\n",
-                                  ep_mode_name(x.mode), x.tokens, x.single_us, x.ep_us, x.single_tokens_per_s,
-                                  x.ep_tokens_per_s_per_rank, x.ep_tokens_per_s_per_rank / x.single_tokens_per_s,
-                                  x.verify_error)
-                          .c_str());
+    std::printf(
+        "%s", fmt::format("| {} | {} | {:.1f} | {:.1f} | {:.3g} | {:.3g} | {:.2f} | {:.1e} |\n", ep_mode_name(x.mode),
+                          x.tokens, x.single_us, x.ep_us, x.single_tokens_per_s, x.ep_tokens_per_s_per_rank,
+                          x.ep_tokens_per_s_per_rank / x.single_tokens_per_s, x.verify_error)
+                  .c_str());
 }
 
 }  // namespace

@@ -76,30 +76,30 @@ void print_table(const MoeBenchReport& r) {
                                 r.preset, r.device, r.ceilings.copy_tb_per_s, r.ceilings.gemm_tflop_per_s,
                                 r.ceilings.graph_launch_us, r.timing_source)
                         .c_str());
-  std::printf("| T | gemm1 / gemm2 | experts | floor us | experts cold us | experts graph us | route+experts cold "
-              "us | route+experts graph us | TB/s | TFLOP/s | floor fraction (graph) | (cold) | verify err |\n");
+  std::printf(
+      "| T | gemm1 / gemm2 | experts | floor us | experts cold us | experts graph us | route+experts cold "
+      "us | route+experts graph us | TB/s | TFLOP/s | floor fraction (graph) | (cold) | verify err |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const MoeBenchRow& x : r.rows) {
-    std::printf("%s", fmt::format("| {} | {} / {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.0f} | "
-                                  "{:.2f} | {:.2f} | {:.1e} |\n",
-                                  x.tokens, x.gemm1, x.gemm2, x.active_experts, x.floor_us, x.experts_cold_us,
-                                  x.experts_graph_us, x.route_experts_cold_us, x.route_experts_graph_us,
-                                  x.bytes / (x.experts_graph_us * 1e-6) / 1e12,
-                                  x.flops / (x.experts_graph_us * 1e-6) / 1e12, x.floor_us / x.experts_graph_us,
-                                  x.floor_us / x.experts_cold_us, x.verify_error)
-                          .c_str());
+    std::printf(
+        "%s", fmt::format("| {} | {} / {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.0f} | "
+                          "{:.2f} | {:.2f} | {:.1e} |\n",
+                          x.tokens, x.gemm1, x.gemm2, x.active_experts, x.floor_us, x.experts_cold_us,
+                          x.experts_graph_us, x.route_experts_cold_us, x.route_experts_graph_us,
+                          x.bytes / (x.experts_graph_us * 1e-6) / 1e12, x.flops / (x.experts_graph_us * 1e-6) / 1e12,
+                          x.floor_us / x.experts_graph_us, x.floor_us / x.experts_cold_us, x.verify_error)
+                  .c_str());
   }
 }
-
 
 // ---- --tuned: the autotuner's pair against the default pair on the layer runner ---------------------------------
 
 struct TunedRow {
   int64_t tokens = 0, bucket = 0;
   std::string default_pair, tuned_pair;
-  double default_us = 0, tuned_us = 0;  // route + experts per call, graph replay median (best of 2 rounds)
-  double tune_s = 0;                    // wall time of the staged tuning of this bucket
-  int timings = 0;                      // configurations the tuner timed
+  double default_us = 0, tuned_us = 0;    // route + experts per call, graph replay median (best of 2 rounds)
+  double tune_s = 0;                      // wall time of the staged tuning of this bucket
+  int timings = 0;                        // configurations the tuner timed
   double default_err = 0, tuned_err = 0;  // verification (relative Frobenius error); -1 when skipped
 };
 
@@ -125,9 +125,14 @@ struct TunedInputs {
   DeviceBuffer d_hidden, d_logits, d_out;
 
   TunedInputs(const LayerSpec& s, int64_t rows, int variants, uint64_t seed)
-      : rows(rows), h(s.experts.hidden), e(s.routing.num_experts),
-        hidden(static_cast<size_t>(rows * variants * h)), logits(static_cast<size_t>(rows * variants * e)),
-        d_hidden(hidden.size() * 2), d_logits(logits.size() * 4), d_out(static_cast<size_t>(rows * h * 2)) {
+      : rows(rows),
+        h(s.experts.hidden),
+        e(s.routing.num_experts),
+        hidden(static_cast<size_t>(rows * variants * h)),
+        logits(static_cast<size_t>(rows * variants * e)),
+        d_hidden(hidden.size() * 2),
+        d_logits(logits.size() * 4),
+        d_out(static_cast<size_t>(rows * h * 2)) {
     cli::fill_uniform_bf16(hidden.data(), static_cast<int64_t>(hidden.size()), seed * 8 + 3, -1.0f, 1.0f);
     cli::fill_uniform(logits.data(), static_cast<int64_t>(logits.size()), seed * 8 + 4, -2.0f, 2.0f);
     d_hidden.upload(hidden.data(), hidden.size() * 2);
@@ -135,10 +140,12 @@ struct TunedInputs {
   }
   LayerInputs gpu(int64_t t, int variant) const {
     const Device d = Device::cuda(d_out.device());
-    char* x = static_cast<char*>(d_hidden.data()) + variant * rows * h * 2;   // [t, H] bf16 window
-    char* l = static_cast<char*>(d_logits.data()) + variant * rows * e * 4;   // [t, E] fp32 window
-    return {TensorView::contiguous(x, DType::bf16, {t, h}, d), TensorView::contiguous(l, DType::f32, {t, e}, d),
-            TensorView::contiguous(d_out.data(), DType::bf16, {t, h}, d), {}};
+    char* x = static_cast<char*>(d_hidden.data()) + variant * rows * h * 2;  // [t, H] bf16 window
+    char* l = static_cast<char*>(d_logits.data()) + variant * rows * e * 4;  // [t, E] fp32 window
+    return {TensorView::contiguous(x, DType::bf16, {t, h}, d),
+            TensorView::contiguous(l, DType::f32, {t, e}, d),
+            TensorView::contiguous(d_out.data(), DType::bf16, {t, h}, d),
+            {}};
   }
 };
 
@@ -148,7 +155,8 @@ double verify_pair(Runner& gpu, Runner& ref, TunedInputs& in, TacticPair pair, i
   in.d_out.upload(got.data(), got.size() * 2);  // NaN poison: an unwritten element fails the check
   ref.execute({TensorView::contiguous(in.hidden.data(), DType::bf16, {t, in.h}),
                TensorView::contiguous(in.logits.data(), DType::f32, {t, in.e}),
-               TensorView::contiguous(want.data(), DType::bf16, {t, in.h}), {}},
+               TensorView::contiguous(want.data(), DType::bf16, {t, in.h}),
+               {}},
               {0, 0});
   gpu.execute(in.gpu(t, 0), pair);
   in.d_out.download(got.data(), got.size() * 2);
@@ -230,16 +238,17 @@ void run_tuned(const BenchMoeCli& o) {
                                 preset.name, device_info(0).name, gpu->name(), gpu->version(), o.samples,
                                 timing.graph_calls, kVariants, setup_s)
                         .c_str());
-  std::printf("| T | bucket | default gemm1 / gemm2 | tuned gemm1 / gemm2 | default us | tuned us | default / tuned "
-              "| tuning s | timings | verify err (default, tuned) |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| T | bucket | default gemm1 / gemm2 | tuned gemm1 / gemm2 | default us | tuned us | default / tuned "
+      "| tuning s | timings | verify err (default, tuned) |\n|---|---|---|---|---|---|---|---|---|---|\n");
   double total_tune = 0;
   for (const TunedRow& x : rows) {
     total_tune += x.tune_s;
-    std::printf("%s", fmt::format("| {} | {} | {} | {} | {:.1f} | {:.1f} | {:.3f} | {:.2f} | {} | {} |\n", x.tokens,
-                                  x.bucket, x.default_pair, x.tuned_pair, x.default_us, x.tuned_us,
-                                  x.default_us / x.tuned_us, x.tune_s, x.timings,
-                                  verify ? fmt::format("{:.1e}, {:.1e}", x.default_err, x.tuned_err) : "skipped")
-                          .c_str());
+    std::printf(
+        "%s", fmt::format("| {} | {} | {} | {} | {:.1f} | {:.1f} | {:.3f} | {:.2f} | {} | {} |\n", x.tokens, x.bucket,
+                          x.default_pair, x.tuned_pair, x.default_us, x.tuned_us, x.default_us / x.tuned_us, x.tune_s,
+                          x.timings, verify ? fmt::format("{:.1e}, {:.1e}", x.default_err, x.tuned_err) : "skipped")
+                  .c_str());
   }
   std::printf("%s", fmt::format("staged tuning: {:.2f} s for {} bucket(s)\n", total_tune, rows.size()).c_str());
   if (!o.json.empty()) {
@@ -248,10 +257,17 @@ void run_tuned(const BenchMoeCli& o) {
     j["device"] = device_info(0).name;
     j["runner"] = fmt::format("{}@{}", gpu->name(), gpu->version());
     for (const TunedRow& x : rows)
-      j["rows"].push_back({{"tokens", x.tokens}, {"bucket", x.bucket}, {"default_pair", x.default_pair},
-                           {"tuned_pair", x.tuned_pair}, {"default_us", x.default_us}, {"tuned_us", x.tuned_us},
-                           {"default_over_tuned", x.default_us / x.tuned_us}, {"tune_s", x.tune_s},
-                           {"timings", x.timings}, {"default_err", x.default_err}, {"tuned_err", x.tuned_err}});
+      j["rows"].push_back({{"tokens", x.tokens},
+                           {"bucket", x.bucket},
+                           {"default_pair", x.default_pair},
+                           {"tuned_pair", x.tuned_pair},
+                           {"default_us", x.default_us},
+                           {"tuned_us", x.tuned_us},
+                           {"default_over_tuned", x.default_us / x.tuned_us},
+                           {"tune_s", x.tune_s},
+                           {"timings", x.timings},
+                           {"default_err", x.default_err},
+                           {"tuned_err", x.tuned_err}});
     std::ofstream f(o.json);
     if (!f) throw InvalidArgument("bench", fmt::format("json path ({}) must be writable", o.json));
     f << j.dump(2) << "\n";

@@ -123,8 +123,8 @@ void run_route(const RouteOptions& o) {
     copy_to_host(extent.data(), v.extent, extent.size() * sizeof(int32_t));
   }
 
-  fmt::print("route: method={} E={} K={} S={} T={} B={} backend={}\n", o.method, o.experts, o.top_k, o.shared,
-             tokens, o.block, o.backend);
+  fmt::print("route: method={} E={} K={} S={} T={} B={} backend={}\n", o.method, o.experts, o.top_k, o.shared, tokens,
+             o.block, o.backend);
   const int64_t show = std::min<int64_t>(o.show, tokens);
   for (int64_t t = 0; t < show; ++t) {
     std::string id_s, w_s;
@@ -152,8 +152,7 @@ void add_route_command(CLI::App& app) {
   cmd->add_option("--experts", opts->experts, "Routed experts E (1..1024)")->capture_default_str();
   cmd->add_option("--top-k", opts->top_k, "Experts per token K")->capture_default_str();
   cmd->add_option("--shared", opts->shared, "Fused shared experts S")->capture_default_str();
-  cmd->add_option("--method", opts->method,
-                  "softmax_topk | topk_softmax | sigmoid_grouped | llama4 | pre_scored")
+  cmd->add_option("--method", opts->method, "softmax_topk | topk_softmax | sigmoid_grouped | llama4 | pre_scored")
       ->capture_default_str();
   cmd->add_option("--tokens", opts->tokens, "Tokens T (random logits)")->capture_default_str();
   cmd->add_option("--block", opts->block, "Plan block size B (1..256)")->capture_default_str();

@@ -49,7 +49,9 @@ constexpr std::array<HeuristicRule, 4> kHeuristic{{
 }};
 
 constexpr int64_t kAlign = 256;
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+int64_t round_up(int64_t x, int64_t m) {
+  return (x + m - 1) / m * m;
+}
 
 void cuda_check(cudaError_t err, std::string_view call) {
   if (err != cudaSuccess) {
@@ -86,7 +88,9 @@ void detail::check_launch(const char* what) {
     throw CudaError("experts", fmt::format("{} launch failed: {}", what, cudaGetErrorString(err)));
 }
 
-std::span<const GemmTacticInfo> cuda_expert_gemm_tactics() { return kTactics; }
+std::span<const GemmTacticInfo> cuda_expert_gemm_tactics() {
+  return kTactics;
+}
 
 struct CudaExperts::Impl {
   ExpertConfig cfg;
@@ -135,8 +139,7 @@ CudaExperts::CudaExperts(const CudaExpertsArgs& a) : impl_(std::make_unique<Impl
     if (kGroupedOps[i] != nullptr) m.ops[i] = kGroupedOps[i]();
 
   const ExpertConfig& c = m.cfg;
-  const int64_t cap =
-      plan_capacity(a.max_tokens, c.num_experts, c.top_k, c.num_shared_experts, a.block);
+  const int64_t cap = plan_capacity(a.max_tokens, c.num_experts, c.top_k, c.num_shared_experts, a.block);
   const int64_t h = c.hidden, in = c.intermediate, g = m.groups;
   const detail::GroupedArraySizes sz = detail::grouped_array_sizes();
   size_t gemm_ws = 0;
@@ -155,8 +158,12 @@ CudaExperts::CudaExperts(const CudaExpertsArgs& a) : impl_(std::make_unique<Impl
     int64_t shapes, a, b, d, sa, sb, sd;
   };
   auto take_arrays = [&] {
-    return ArrayOffsets{take(g * static_cast<int64_t>(sz.problem_shape)), take(g * 8), take(g * 8), take(g * 8),
-                        take(g * static_cast<int64_t>(sz.stride_a)), take(g * static_cast<int64_t>(sz.stride_b)),
+    return ArrayOffsets{take(g * static_cast<int64_t>(sz.problem_shape)),
+                        take(g * 8),
+                        take(g * 8),
+                        take(g * 8),
+                        take(g * static_cast<int64_t>(sz.stride_a)),
+                        take(g * static_cast<int64_t>(sz.stride_b)),
                         take(g * static_cast<int64_t>(sz.stride_d))};
   };
   const ArrayOffsets o1 = take_arrays(), o2 = take_arrays();
@@ -194,9 +201,15 @@ CudaExperts::~CudaExperts() = default;
 CudaExperts::CudaExperts(CudaExperts&&) noexcept = default;
 CudaExperts& CudaExperts::operator=(CudaExperts&&) noexcept = default;
 
-const ExpertConfig& CudaExperts::config() const { return impl_->cfg; }
-int64_t CudaExperts::max_tokens() const { return impl_->max_tokens; }
-int64_t CudaExperts::workspace_bytes() const { return impl_->bytes; }
+const ExpertConfig& CudaExperts::config() const {
+  return impl_->cfg;
+}
+int64_t CudaExperts::max_tokens() const {
+  return impl_->max_tokens;
+}
+int64_t CudaExperts::workspace_bytes() const {
+  return impl_->bytes;
+}
 
 ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens) {
   const int64_t t = std::max<int64_t>(tokens, 1), routed = t * c.top_k;
@@ -207,7 +220,9 @@ ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens) {
   return {kHeuristic.back().gemm1, kHeuristic.back().gemm2};
 }
 
-ExpertTactic CudaExperts::default_tactic(int64_t tokens) const { return cuda_expert_default_tactic(impl_->cfg, tokens); }
+ExpertTactic CudaExperts::default_tactic(int64_t tokens) const {
+  return cuda_expert_default_tactic(impl_->cfg, tokens);
+}
 
 void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const TensorView& out, Stream stream,
                       ExpertTactic tactic) const {
@@ -216,8 +231,8 @@ void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const Ten
   const PlanShape& ps = plan.shape();
   const RoutePlanView& pv = plan.view();
   if (!(plan.device() == m.device))
-    throw InvalidArgument("experts", fmt::format("plan device ({}) must be {}", device_name(plan.device()),
-                                                 device_name(m.device)));
+    throw InvalidArgument(
+        "experts", fmt::format("plan device ({}) must be {}", device_name(plan.device()), device_name(m.device)));
   auto require_equal = [](std::string_view field, int64_t plan_value, int64_t value, std::string_view of) {
     if (plan_value != value)
       throw InvalidArgument("experts",
@@ -236,9 +251,9 @@ void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const Ten
                     v.dtype == DType::bf16 && v.is_contiguous() && v.device == m.device &&
                     (t == 0 || v.data != nullptr);
     if (!ok)
-      throw InvalidArgument("experts", fmt::format("{} ({}) must be [T, H] = [{}, {}] bf16 contiguous on {}", name,
-                                                   v.present() ? v.describe() : "absent", t, c.hidden,
-                                                   device_name(m.device)));
+      throw InvalidArgument("experts",
+                            fmt::format("{} ({}) must be [T, H] = [{}, {}] bf16 contiguous on {}", name,
+                                        v.present() ? v.describe() : "absent", t, c.hidden, device_name(m.device)));
     check_aligned(v, name);
   };
   check_act(hidden, "hidden");
@@ -250,9 +265,19 @@ void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const Ten
   check_tactic(tactic.gemm2, "gemm2");
   if (t == 0) return;
 
-  detail::PlanArrays pa{pv.topk_ids,  pv.topk_weights,  pv.expert_counts, pv.expert_offsets, pv.sorted_slots,
-                        pv.slot_rows, pv.block_experts, pv.extent,        t,
-                        ps.slots(),   ps.groups(),      ps.block,         0};
+  detail::PlanArrays pa{pv.topk_ids,
+                        pv.topk_weights,
+                        pv.expert_counts,
+                        pv.expert_offsets,
+                        pv.sorted_slots,
+                        pv.slot_rows,
+                        pv.block_experts,
+                        pv.extent,
+                        t,
+                        ps.slots(),
+                        ps.groups(),
+                        ps.block,
+                        0};
   pa.capacity = plan_capacity(t, c.num_experts, c.top_k, c.num_shared_experts, ps.block);
   const detail::ExpertMap map{c.num_experts, c.local_expert_offset, c.local_experts()};
   const bool grouped1 = kTactics[tactic.gemm1].kind == GemmKernelKind::grouped;
@@ -269,26 +294,27 @@ void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const Ten
   } restore{previous, m.device.index};
 
   if (grouped1 || grouped2) {
-    detail::FillProblemsParams f{pa, map, c.hidden, c.intermediate, m.w.w13.data, m.w.w2.data, m.a1y, m.c1,
-                                 m.act, m.a1y, m.gemm1, m.gemm2};
+    detail::FillProblemsParams f{pa,    map,  c.hidden, c.intermediate, m.w.w13.data, m.w.w2.data,
+                                 m.a1y, m.c1, m.act,    m.a1y,          m.gemm1,      m.gemm2};
     detail::launch_fill_problems(f, stream);
   }
   if (grouped1) {
     detail::launch_gather({pa, map, hidden.data, m.a1y, c.hidden}, stream);
     m.ops[tactic.gemm1].run(m.gemm1, stream);
-    detail::ActivationKernelParams ap{pa, map, m.c1, m.act, bias_ref(m.w.b13), c.intermediate, c.activation,
-                                      c.gate_up, c.act};
+    detail::ActivationKernelParams ap{pa,           map,       m.c1, m.act, bias_ref(m.w.b13), c.intermediate,
+                                      c.activation, c.gate_up, c.act};
     detail::launch_activation(ap, stream);
   } else {
-    detail::GemvParams gp{pa, map, true, hidden.data, m.w.w13.data, m.act, c.hidden, c.intermediate,
-                          bias_ref(m.w.b13), c.activation, c.gate_up, c.act};
+    detail::GemvParams gp{pa,        map,      true,           hidden.data,       m.w.w13.data,
+                          m.act,     c.hidden, c.intermediate, bias_ref(m.w.b13), c.activation,
+                          c.gate_up, c.act};
     detail::launch_gemv(gp, stream);
   }
   if (grouped2) {
     m.ops[tactic.gemm2].run(m.gemm2, stream);
   } else {
-    detail::GemvParams gp{pa, map, false, m.act, m.w.w2.data, m.a1y, c.intermediate, c.hidden, {},
-                          c.activation, c.gate_up, c.act};
+    detail::GemvParams gp{pa,       map, false,        m.act,     m.w.w2.data, m.a1y, c.intermediate,
+                          c.hidden, {},  c.activation, c.gate_up, c.act};
     detail::launch_gemv(gp, stream);
   }
   detail::launch_combine({pa, map, m.a1y, bias_ref(m.w.b2), out.data, c.hidden}, stream);

@@ -65,11 +65,14 @@ __device__ __forceinline__ int up_column(GateUpLayout l, int i, int inter) {
   return l == GateUpLayout::gate_first ? inter + i : (l == GateUpLayout::up_first ? i : 2 * i + 1);
 }
 
-__device__ __forceinline__ float sigmoid_fast(float x) { return 1.0f / (1.0f + __expf(-x)); }
+__device__ __forceinline__ float sigmoid_fast(float x) {
+  return 1.0f / (1.0f + __expf(-x));
+}
 
 __device__ __forceinline__ float gated_activation(Activation a, const ActivationParams& p, float gate, float up) {
   switch (a) {
-    case Activation::silu_gated: return gate * sigmoid_fast(gate) * up;
+    case Activation::silu_gated:
+      return gate * sigmoid_fast(gate) * up;
     case Activation::swiglu_clamped: {
       const float g = fminf(gate, p.limit);
       const float u = fminf(fmaxf(up, -p.limit), p.limit);

@@ -77,8 +77,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
       const Bf16x8 y = load_bf16x8(static_cast<const __nv_bfloat16*>(p.y) + static_cast<int64_t>(s_row[j]) * h + c0);
       const float w = s_weight[j];
 #pragma unroll
-      for (int i = 0; i < 8; ++i)
-        acc[i] += w * (y.v[i] + load_bias(p.b2, static_cast<int64_t>(e) * h + c0 + i));
+      for (int i = 0; i < 8; ++i) acc[i] += w * (y.v[i] + load_bias(p.b2, static_cast<int64_t>(e) * h + c0 + i));
     }
     store_bf16x8(static_cast<__nv_bfloat16*>(p.out) + t * h + c0, acc);
   }
@@ -88,7 +87,8 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
 
 void launch_gather(const GatherParams& p, Stream stream) {
   if (p.plan.capacity == 0) return;
-  gather_rows_kernel<<<static_cast<unsigned>(p.plan.capacity), kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  gather_rows_kernel<<<static_cast<unsigned>(p.plan.capacity), kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      p);
   check_launch("gather_rows_kernel");
 }
 

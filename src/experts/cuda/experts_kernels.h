@@ -14,9 +14,9 @@ namespace moekit::detail {
 
 /// Global expert id -> index into the weights' leading dimension, or -1 for another rank's expert.
 struct ExpertMap {
-  int num_experts = 0;    // E: ids >= E are shared experts
-  int local_offset = 0;   // first local routed id
-  int local_count = 0;    // local routed experts
+  int num_experts = 0;   // E: ids >= E are shared experts
+  int local_offset = 0;  // first local routed id
+  int local_count = 0;   // local routed experts
 };
 
 /// The plan's device arrays every kernel reads.
@@ -53,7 +53,7 @@ struct GroupedGemmArgs {
   void* stride_a = nullptr;        // [G] CUTLASS stride objects
   void* stride_b = nullptr;
   void* stride_d = nullptr;
-  void* workspace = nullptr;       // workspace_size() bytes
+  void* workspace = nullptr;  // workspace_size() bytes
   int sm_count = 0;
 };
 
@@ -123,8 +123,8 @@ struct GemvParams {
   const void* x = nullptr;  // gated: hidden [T, H]; plain: act [cap, I]
   const void* w = nullptr;
   void* out = nullptr;
-  int k = 0;         // reduction length (H or I)
-  int n_out = 0;     // output columns (I or H)
+  int k = 0;      // reduction length (H or I)
+  int n_out = 0;  // output columns (I or H)
   BiasRef b13;
   Activation activation = Activation::silu_gated;
   GateUpLayout layout = GateUpLayout::gate_first;

@@ -28,9 +28,8 @@ struct Sm90GroupedGemm {
   using ElementAcc = float;
   using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
-  using KernelSchedule =
-      std::conditional_t<kCooperative, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
-                         cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong>;
+  using KernelSchedule = std::conditional_t<kCooperative, cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative,
+                                            cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong>;
   using EpilogueSchedule = std::conditional_t<kCooperative, cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative,
                                               cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
   static constexpr int kAlign = 8;  // 16 bytes of bf16

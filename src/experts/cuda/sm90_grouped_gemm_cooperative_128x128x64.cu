@@ -4,6 +4,8 @@
 
 namespace moekit::detail {
 
-GroupedGemmOps sm90_grouped_gemm_cooperative_128x128x64() { return Sm90GroupedGemm<128, 128, 64, true>::ops(); }
+GroupedGemmOps sm90_grouped_gemm_cooperative_128x128x64() {
+  return Sm90GroupedGemm<128, 128, 64, true>::ops();
+}
 
 }  // namespace moekit::detail

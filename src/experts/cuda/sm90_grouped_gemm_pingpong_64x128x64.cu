@@ -4,6 +4,8 @@
 
 namespace moekit::detail {
 
-GroupedGemmOps sm90_grouped_gemm_pingpong_64x128x64() { return Sm90GroupedGemm<64, 128, 64, false>::ops(); }
+GroupedGemmOps sm90_grouped_gemm_pingpong_64x128x64() {
+  return Sm90GroupedGemm<64, 128, 64, false>::ops();
+}
 
 }  // namespace moekit::detail

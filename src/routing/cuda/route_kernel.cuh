@@ -17,8 +17,8 @@ namespace moekit::detail::router {
 
 inline constexpr int kThreads = 512;
 inline constexpr int kWarps = kThreads / 32;
-inline constexpr int kMaxCtas = 288;     // 2 per SM on a 132-SM H200, with room; workspace rows
-inline constexpr int kInfoCap = 8192;    // routed slots per CTA whose (expert, rank) stay in shared memory
+inline constexpr int kMaxCtas = 288;   // 2 per SM on a 132-SM H200, with room; workspace rows
+inline constexpr int kInfoCap = 8192;  // routed slots per CTA whose (expert, rank) stay in shared memory
 
 /// Values held per lane; above 8 a kernel needs up to 128 registers, so one CTA per SM.
 template <class In, int NC>
@@ -26,7 +26,9 @@ inline constexpr int kValuesPerLane = NC * 16 / static_cast<int>(sizeof(In));
 template <class In, int NC>
 inline constexpr int kCtasPerSm = kValuesPerLane<In, NC> <= 8 ? 2 : 1;
 
-__host__ __device__ inline int pad8(int n) { return (n + 7) & ~7; }
+__host__ __device__ inline int pad8(int n) {
+  return (n + 7) & ~7;
+}
 
 /// Byte offsets of the dynamic shared memory regions (host and device agree on this).
 struct SmemLayout {
@@ -150,20 +152,21 @@ __device__ __forceinline__ void sum_earlier_rows(const uint16_t* rows, int exper
 }
 
 template <class In, int NC>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>) route_fused_kernel(const __grid_constant__ RouteParams p) {
+__global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
+    route_fused_kernel(const __grid_constant__ RouteParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const SmemLayout L = SmemLayout::make(p.experts, p.groups, p.grouped, p.info_words);
   const int E = p.experts, G = p.groups, K = p.top_k, Kt = p.slots, T = p.tokens;
   const int e_pad = pad8(E);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nb = gridDim.x;
-  uint16_t* hist = reinterpret_cast<uint16_t*>(smem + L.hist);  // [kWarps][e_pad]
+  uint16_t* hist = reinterpret_cast<uint16_t*>(smem + L.hist);    // [kWarps][e_pad]
   float* bias_s = reinterpret_cast<float*>(smem + L.bias);        // [E]
-  int* cnt_s = reinterpret_cast<int*>(smem + L.counts);            // [G]
-  int* offs_s = reinterpret_cast<int*>(smem + L.offsets);          // [G+1]
-  int* base_s = reinterpret_cast<int*>(smem + L.base);             // [E]
-  int* scan_s = reinterpret_cast<int*>(smem + L.scan);             // [32]
-  uint32_t* info_s = reinterpret_cast<uint32_t*>(smem + L.info);   // [tokens_per_cta, K] when info_words > 0
+  int* cnt_s = reinterpret_cast<int*>(smem + L.counts);           // [G]
+  int* offs_s = reinterpret_cast<int*>(smem + L.offsets);         // [G+1]
+  int* base_s = reinterpret_cast<int*>(smem + L.base);            // [E]
+  int* scan_s = reinterpret_cast<int*>(smem + L.scan);            // [32]
+  uint32_t* info_s = reinterpret_cast<uint32_t*>(smem + L.info);  // [tokens_per_cta, K] when info_words > 0
   uint32_t* wscratch = reinterpret_cast<uint32_t*>(smem + L.scratch) + warp * L.warp_words;
   const WarpScratch ws{wscratch, wscratch + e_pad};
 
@@ -190,8 +193,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>) route_fused_kern
     for (int t = t0; t < t1; ++t) {
       const uint32_t info = route_token<In, NC>(p, t, row, t + 1 < t1 ? t + 1 : -1, lane, bias_ptr, my_hist, ws);
       if (lane < K) {
-        if (p.info_words > 0) info_s[(t - cta_t0) * K + lane] = info;
-        else p.slot_rows[static_cast<int64_t>(t) * Kt + lane] = static_cast<int32_t>(info);
+        if (p.info_words > 0)
+          info_s[(t - cta_t0) * K + lane] = info;
+        else
+          p.slot_rows[static_cast<int64_t>(t) * Kt + lane] = static_cast<int32_t>(info);
       }
       __syncwarp();
     }
@@ -280,8 +285,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>) route_fused_kern
       int lo = 0, hi = G;  // last g with offs_s[g] <= r0
       while (hi - lo > 1) {
         const int mid = (lo + hi) >> 1;
-        if (offs_s[mid] <= r0) lo = mid;
-        else hi = mid;
+        if (offs_s[mid] <= r0)
+          lo = mid;
+        else
+          hi = mid;
       }
       p.block_experts[b] = lo;
       for (int r = max(r0, offs_s[lo] + cnt_s[lo]); r < r0 + B; ++r) p.sorted_slots[r] = pad;

@@ -26,7 +26,7 @@ using KernelFn = void (*)(RouteParams);
 
 struct KernelEntry {
   DType dtype;
-  int chunks;    // NC: 16-byte vectors per lane
+  int chunks;  // NC: 16-byte vectors per lane
   KernelFn fn;
 };
 
@@ -111,8 +111,12 @@ int64_t route_cuda_workspace_ints(const PlanShape& shape) {
   return 64 + 2 * e8 + router::kMaxCtas * e8 / 2;
 }
 
-void set_route_cuda_tuning(const RouteCudaTuning& tuning) { g_tuning = tuning; }
-int route_cuda_last_ctas() { return g_last_ctas; }
+void set_route_cuda_tuning(const RouteCudaTuning& tuning) {
+  g_tuning = tuning;
+}
+int route_cuda_last_ctas() {
+  return g_last_ctas;
+}
 
 void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const TensorView& bias, RoutePlanView& plan,
                 Stream stream, const TensorView& replay) {
@@ -160,20 +164,21 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   // per CTA up to the co-resident grid: fewer busy warps per SM shorten each token's latency (the per-token path
   // is a dependent chain stalled on instruction fetch and fixed latencies, not on issue).
   const int64_t per_cta = T <= kSmallGridTokens ? kTokensPerCtaSmall : kTokensPerCtaLarge;
-  int ctas = T <= kSingleCtaTokens ? 1 : static_cast<int>(std::min<int64_t>(kMaxGridCtas, (T + per_cta - 1) / per_cta));
+  int ctas =
+      T <= kSingleCtaTokens ? 1 : static_cast<int>(std::min<int64_t>(kMaxGridCtas, (T + per_cta - 1) / per_cta));
   if (g_tuning.ctas > 0) ctas = g_tuning.ctas;
   // The co-resident bound depends on the shared memory, which depends on the tokens per CTA: size with the
   // largest layout first, then settle the grid.
-  const int max_ctas = max_coresident_ctas(kernel, SmemLayout::make(E, p.groups, p.grouped, router::kInfoCap).total,
-                                           device);
+  const int max_ctas =
+      max_coresident_ctas(kernel, SmemLayout::make(E, p.groups, p.grouped, router::kInfoCap).total, device);
   ctas = std::max(1, std::min(ctas, max_ctas));
   p.tokens_per_cta = static_cast<int>((T + ctas - 1) / ctas);
   const int64_t tpc = std::max(p.tokens_per_cta, 1);
   ctas = static_cast<int>(std::max<int64_t>(1, (T + tpc - 1) / tpc));
   p.tokens_per_warp = (p.tokens_per_cta + router::kWarps - 1) / router::kWarps;
   if (p.tokens_per_cta > 65535)  // per-CTA counts and per-warp ranks are uint16
-    throw NotSupported("route", "tokens (" + std::to_string(T) + ") must be <= " +
-                                    std::to_string(65535LL * max_ctas) + " on this GPU");
+    throw NotSupported("route", "tokens (" + std::to_string(T) +
+                                    ") must be <= " + std::to_string(65535LL * max_ctas) + " on this GPU");
   const int64_t info = static_cast<int64_t>(p.tokens_per_cta) * p.top_k;
   p.info_words = info <= router::kInfoCap ? static_cast<int>(info) : 0;
   const SmemLayout layout = SmemLayout::make(E, p.groups, p.grouped, p.info_words);

@@ -22,30 +22,30 @@ inline constexpr uint32_t kFullMask = 0xffffffffu;
 struct RouteParams {
   const void* logits = nullptr;  // [T, row_stride] fp32 or bf16, E valid columns
   int64_t row_stride = 0;
-  const void* bias = nullptr;    // [E] fp32 or bf16, or null
+  const void* bias = nullptr;  // [E] fp32 or bf16, or null
   int bias_bf16 = 0;
   int tokens = 0, experts = 0, top_k = 0, slots = 0, groups = 0, block = 1;  // T, E, K, Kt, G, B
   int method = 0, renormalize = 0;
   float scale = 1.0f;
   int n_group = 1, topk_group = 1, group_size = 1;
-  uint32_t group_magic = 0;      // ceil(2^32 / group_size): expert / group_size == umulhi(expert, magic)
-  int grouped = 0;               // group limiting active (sigmoid_grouped, topk_group < n_group)
-  int vector_ok = 0;             // rows 16-byte aligned and E a multiple of the vector width
-  int64_t capacity = 0;          // sorted_slots rows for this T
+  uint32_t group_magic = 0;  // ceil(2^32 / group_size): expert / group_size == umulhi(expert, magic)
+  int grouped = 0;           // group limiting active (sigmoid_grouped, topk_group < n_group)
+  int vector_ok = 0;         // rows 16-byte aligned and E a multiple of the vector width
+  int64_t capacity = 0;      // sorted_slots rows for this T
   int tokens_per_cta = 0, tokens_per_warp = 0;
-  int info_words = 0;            // > 0: (expert << 16 | rank) of routed slots kept in shared memory [tokens_per_cta, K]
-  int32_t* topk_ids = nullptr;       // [T, Kt]
-  float* topk_weights = nullptr;     // [T, Kt]
-  int32_t* expert_counts = nullptr;  // [G]
-  int32_t* expert_offsets = nullptr; // [G+1]
-  int32_t* sorted_slots = nullptr;   // [capacity]
-  int32_t* slot_rows = nullptr;      // [T, Kt]; (expert << 16 | rank in warp) until the scatter if info_words = 0
-  int32_t* block_experts = nullptr;  // [capacity / B]
-  int32_t* extent = nullptr;         // [2]
-  int16_t* replay = nullptr;         // [R, K] or null
-  uint32_t* barrier = nullptr;       // workspace [2]: arrivals, generation
-  int32_t* totals = nullptr;         // workspace [2][e_pad8]: expert totals, one buffer per generation parity
-  uint16_t* cta_rows = nullptr;      // workspace [kMaxCtas][e_pad8]: per-CTA expert counts
+  int info_words = 0;  // > 0: (expert << 16 | rank) of routed slots kept in shared memory [tokens_per_cta, K]
+  int32_t* topk_ids = nullptr;        // [T, Kt]
+  float* topk_weights = nullptr;      // [T, Kt]
+  int32_t* expert_counts = nullptr;   // [G]
+  int32_t* expert_offsets = nullptr;  // [G+1]
+  int32_t* sorted_slots = nullptr;    // [capacity]
+  int32_t* slot_rows = nullptr;       // [T, Kt]; (expert << 16 | rank in warp) until the scatter if info_words = 0
+  int32_t* block_experts = nullptr;   // [capacity / B]
+  int32_t* extent = nullptr;          // [2]
+  int16_t* replay = nullptr;          // [R, K] or null
+  uint32_t* barrier = nullptr;        // workspace [2]: arrivals, generation
+  int32_t* totals = nullptr;          // workspace [2][e_pad8]: expert totals, one buffer per generation parity
+  uint16_t* cta_rows = nullptr;       // workspace [kMaxCtas][e_pad8]: per-CTA expert counts
 };
 
 /// Raw bf16 bits, so the device code needs no cuda_bf16 header.
@@ -61,11 +61,15 @@ __device__ __forceinline__ float element(const uint4& v, int i, Bf16*) {
   const uint32_t w = (i >> 1) == 0 ? v.x : (i >> 1) == 1 ? v.y : (i >> 1) == 2 ? v.z : v.w;
   return __uint_as_float((i & 1) ? (w & 0xffff0000u) : (w << 16));
 }
-__device__ __forceinline__ uint32_t scalar_bits(const float* p) { return __float_as_uint(__ldg(p)); }
+__device__ __forceinline__ uint32_t scalar_bits(const float* p) {
+  return __float_as_uint(__ldg(p));
+}
 __device__ __forceinline__ uint32_t scalar_bits(const Bf16* p) {
   return static_cast<uint32_t>(__ldg(reinterpret_cast<const unsigned short*>(p)));
 }
-__device__ __forceinline__ float load_one(const float* p) { return __ldg(p); }
+__device__ __forceinline__ float load_one(const float* p) {
+  return __ldg(p);
+}
 __device__ __forceinline__ float load_one(const Bf16* p) {
   return __uint_as_float(static_cast<uint32_t>(__ldg(reinterpret_cast<const unsigned short*>(p))) << 16);
 }
@@ -114,8 +118,10 @@ struct RowRegs {
         for (int i = 0; i < V; ++i) {
           if (e0 + i < p.experts) {
             const uint32_t b = scalar_bits(row + e0 + i);
-            if (V == 4) w[i] = b;
-            else w[i >> 1] |= (i & 1) ? (b << 16) : b;
+            if (V == 4)
+              w[i] = b;
+            else
+              w[i >> 1] |= (i & 1) ? (b << 16) : b;
           }
         }
         v[c] = make_uint4(w[0], w[1], w[2], w[3]);
@@ -231,7 +237,8 @@ __device__ __forceinline__ void limit_groups(const RouteParams& p, uint32_t (&k)
 /// < K; ranks count earlier tokens of this warp, so the plan is deterministic) and bumps the warp's histogram.
 template <class In, int NC>
 __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t, RowRegs<In, NC>& row, int64_t next,
-                                                int lane, const float* bias_s, uint16_t* hist, const WarpScratch& ws) {
+                                                int lane, const float* bias_s, uint16_t* hist,
+                                                const WarpScratch& ws) {
   constexpr int V = RowRegs<In, NC>::V;
   constexpr int VPT = NC * V;
   const int E = p.experts, K = p.top_k;
