@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/compare.h"
 #include "moekit/error.h"
 #include "moekit/expert_parallel.h"
 #include "moekit/experts.h"
@@ -217,16 +218,6 @@ std::vector<SimCase> sim_cases() {
   };
 }
 
-double rel_frobenius(const std::vector<uint16_t>& got, const uint16_t* want, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double g = bf16_to_float(got[i]), w = bf16_to_float(want[i]);
-    num += (g - w) * (g - w);
-    den += w * w;
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
-}
-
 std::vector<uint16_t> random_bf16(std::mt19937& rng, int64_t n, float scale) {
   std::uniform_real_distribution<float> u(-scale, scale);
   std::vector<uint16_t> v(static_cast<size_t>(n));
@@ -300,7 +291,7 @@ void run_sim_case(const SimCase& c, int W, EpMode mode, uint32_t seed) {
   ep_simulate(a, ranks);
 
   for (int r = 0; r < W; ++r) {
-    const double err = rel_frobenius(rout[r], ref.data() + r * T * H, T * H);
+    const double err = relative_frobenius_bf16(rout[r].data(), ref.data() + r * T * H, T * H);
     // Each rank's partial sums are rounded to bf16 before the cross-rank sum: a few bf16 roundings at most.
     EXPECT_LE(err, 5e-3) << "rank " << r;
     if (W == 1 && mode == EpMode::all_gather) {

@@ -20,6 +20,7 @@
 #if MOEKIT_HAS_CUDA
 #include <cuda_runtime_api.h>
 
+#include "core/compare.h"
 #include "parallel/ep_bookkeeping.h"
 #include "parallel/ep_kernels.h"
 #endif
@@ -102,16 +103,6 @@ double time_ms(Fn&& fn, cudaStream_t s, int warmup, int iterations) {
   cudaEventDestroy(a);
   cudaEventDestroy(b);
   return median(std::move(ms));
-}
-
-double rel_frobenius(const std::vector<uint16_t>& got, const uint16_t* want, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double g = bf16_to_float(got[i]), w = bf16_to_float(want[i]);
-    num += (g - w) * (g - w);
-    den += w * w;
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
 // E used: the requested one, or the preset's halved (keeping n_group | E and K <= kept experts) until the
@@ -230,7 +221,7 @@ EpBenchReport bench_ep(const EpBenchOptions& o) {
         ck(cudaStreamSynchronize(s), "cudaStreamSynchronize");
         std::vector<uint16_t> got(static_cast<size_t>(T * H));
         out.download(got.data(), got.size() * 2);
-        const double err = rel_frobenius(got, expected[i].data() + r * T * H, T * H);
+        const double err = relative_frobenius_bf16(got.data(), expected[i].data() + r * T * H, T * H);
         if (!(err <= kTolerance))
           throw Internal("bench", fmt::format("ep {} rank {} T {}: relative error ({:.3e}) must be <= {:.0e}",
                                               ep_mode_name(mode), r, T, err, kTolerance));

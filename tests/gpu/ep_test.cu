@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "core/compare.h"
 #include "moekit/cuda_experts.h"
 #include "moekit/device.h"
 #include "moekit/error.h"
@@ -90,16 +91,6 @@ std::vector<uint16_t> random_bf16(std::mt19937& rng, int64_t n, float scale) {
   std::vector<uint16_t> v(static_cast<size_t>(n));
   for (auto& x : v) x = float_to_bf16(u(rng));
   return v;
-}
-
-double rel_frobenius(const std::vector<uint16_t>& got, const uint16_t* want, int64_t n) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    const double g = bf16_to_float(got[i]), w = bf16_to_float(want[i]);
-    num += (g - w) * (g - w);
-    den += w * w;
-  }
-  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
 // Host data of one layer for W ranks: whole weights, and `sets` input sets of W*T tokens.
@@ -209,7 +200,7 @@ std::vector<double> run_ep(const Layer& L, EpMode mode, bool graph) {
     auto check = [&](size_t set) {
       std::vector<uint16_t> got(static_cast<size_t>(T * H));
       dout.download(got.data(), got.size() * 2);
-      errors[set * W + r] = rel_frobenius(got, L.expected[set].data() + r * T * H, T * H);
+      errors[set * W + r] = relative_frobenius_bf16(got.data(), L.expected[set].data() + r * T * H, T * H);
     };
     load(0);
     layer.forward(hv, lv, ov, s);
@@ -332,7 +323,7 @@ TEST(GpuEp, UniqueIdAndBorrowedCommunicators) {
                 TensorView::contiguous(dout.data(), DType::bf16, {T, H}, dev));
   std::vector<uint16_t> got(static_cast<size_t>(T * H));
   dout.download(got.data(), got.size() * 2);
-  EXPECT_LE(rel_frobenius(got, L.expected[0].data(), T * H), 1e-2);
+  EXPECT_LE(relative_frobenius_bf16(got.data(), L.expected[0].data(), T * H), 1e-2);
 }
 
 TEST(GpuEp, ArgumentChecks) {
