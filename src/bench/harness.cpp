@@ -93,6 +93,7 @@ struct Harness::Impl {
   int kernels_per_call = 0;
   void* marker = nullptr;  // 256 bytes: a memset marks each sample's start when the L2 is not flushed
   std::string source = "cupti";
+  bool cupti = false;  // kernel tracing on; off when another CUPTI client (a profiler) holds the callbacks
 };
 
 Harness::Harness() : impl_(std::make_unique<Impl>()) {
@@ -108,15 +109,24 @@ Harness::Harness() : impl_(std::make_unique<Impl>()) {
   impl_->flush_bytes = std::max<size_t>(2 * static_cast<size_t>(l2), 64 << 20);
   check(cudaMalloc(&impl_->flush, impl_->flush_bytes), "cudaMalloc(L2 flush buffer)");
   check(cudaMalloc(&impl_->marker, 256), "cudaMalloc(sample marker)");
-  check_cupti(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed), "cuptiActivityRegisterCallbacks");
+  // Under a profiler (Nsight Compute or Systems) CUPTI has a subscriber already: time with events then.
+  const CUptiResult reg = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
+  if (reg == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
+    impl_->source = "events (CUPTI is held by another tool)";
+    return;
+  }
+  check_cupti(reg, "cuptiActivityRegisterCallbacks");
   check_cupti(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable(kernel)");
   check_cupti(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET), "cuptiActivityEnable(memset)");
+  impl_->cupti = true;
 }
 
 Harness::~Harness() {
-  cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
-  cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
-  cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMSET);
+  if (impl_->cupti) {
+    cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL);
+    cuptiActivityDisable(CUPTI_ACTIVITY_KIND_MEMSET);
+  }
   cudaFree(impl_->flush);
   cudaFree(impl_->marker);
   cudaStreamDestroy(impl_->stream);
@@ -140,7 +150,7 @@ Stats Harness::kernel_time(const LaunchFn& fn, int variants, const TimingOptions
   variants = std::max(variants, 1);
   for (int i = 0; i < opt.warmup; ++i) fn(i % variants, s);
   check(cudaStreamSynchronize(s), "warm-up");
-  check_cupti(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
+  if (impl_->cupti) check_cupti(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
   {
     std::lock_guard<std::mutex> lock(records().mu);
     records().items.clear();
@@ -157,7 +167,7 @@ Stats Harness::kernel_time(const LaunchFn& fn, int variants, const TimingOptions
     check(cudaEventRecord(ev[2 * i + 1], s), "cudaEventRecord");
   }
   check(cudaStreamSynchronize(s), "timed samples");
-  check_cupti(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
+  if (impl_->cupti) check_cupti(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
 
   std::vector<Interval> items;
   {
@@ -179,7 +189,7 @@ Stats Harness::kernel_time(const LaunchFn& fn, int variants, const TimingOptions
   const int with_kernels =
       static_cast<int>(std::count_if(kernels.begin(), kernels.end(), [](int k) { return k > 0; }));
   impl_->kernels_per_call = kernels.empty() ? 0 : *std::max_element(kernels.begin(), kernels.end());
-  impl_->source = "cupti";
+  if (impl_->cupti) impl_->source = "cupti";
   if (static_cast<int>(us.size()) != opt.samples || with_kernels != opt.samples) {
     // No usable CUPTI records: fall back to events around each call.
     us.clear();
@@ -188,8 +198,9 @@ Stats Harness::kernel_time(const LaunchFn& fn, int variants, const TimingOptions
       check(cudaEventElapsedTime(&ms, ev[2 * i], ev[2 * i + 1]), "cudaEventElapsedTime");
       us.push_back(ms * 1000.0);
     }
-    impl_->source = "events (CUPTI gave " + std::to_string(items.size()) + " records for " +
-                    std::to_string(opt.samples) + " samples)";
+    if (impl_->cupti)
+      impl_->source = "events (CUPTI gave " + std::to_string(items.size()) + " records for " +
+                      std::to_string(opt.samples) + " samples)";
     impl_->kernels_per_call = 0;
   }
   for (cudaEvent_t e : ev) cudaEventDestroy(e);
@@ -200,7 +211,8 @@ Stats Harness::graph_time(const LaunchFn& fn, int variants, const TimingOptions&
   cudaStream_t s = impl_->stream;
   variants = std::max(variants, 1);
   // Kernel tracing adds per-launch work (an empty kernel replayed in a graph measured 2.3 us with it on): off here.
-  check_cupti(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityDisable(kernel)");
+  if (impl_->cupti)
+    check_cupti(cuptiActivityDisable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityDisable(kernel)");
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   check(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
@@ -225,7 +237,8 @@ Stats Harness::graph_time(const LaunchFn& fn, int variants, const TimingOptions&
   cudaEventDestroy(b);
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
-  check_cupti(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable(kernel)");
+  if (impl_->cupti)
+    check_cupti(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable(kernel)");
   return summarize(std::move(us));
 }
 

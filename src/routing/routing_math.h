@@ -67,13 +67,13 @@ MOEKIT_HD float from_bits(uint32_t u) {
 #endif
 
 /// exp(x) in fp32, within 3 ulp of the correctly rounded value, bitwise identical on host and device. Cody-Waite
-/// reduction by ln 2, a degree-6 polynomial on [-ln2/2, ln2/2], then an exact scaling by 2^k.
+/// reduction by ln 2, a degree-6 polynomial on [-ln2/2, ln2/2], then an exact scaling by 2^k. Branch-free (the
+/// special cases are selected at the end), so a warp evaluating several values interleaves them.
 MOEKIT_HD float exp(float x) {
-  if (x != x) return x;
-  if (x > 88.72283935546875f) return from_bits(0x7f800000u);
-  if (x < -103.97208404541016f) return 0.0f;
-  const float k = round_int(mul(x, 1.44269502162933349609375f));
-  float r = fma(k, -0.693145751953125f, x);
+  const bool nan = x != x, over = x > 88.72283935546875f, under = x < -103.97208404541016f;
+  const float xc = nan ? 0.0f : (over ? 88.72283935546875f : (under ? -103.97208404541016f : x));
+  const float k = round_int(mul(xc, 1.44269502162933349609375f));
+  float r = fma(k, -0.693145751953125f, xc);
   r = fma(k, -1.428606765330187045e-06f, r);
   float p = 1.3888889225e-3f;  // 1/720
   p = fma(p, r, 8.3333337680e-3f);
@@ -82,17 +82,16 @@ MOEKIT_HD float exp(float x) {
   p = fma(p, r, 0.5f);
   p = fma(p, r, 1.0f);
   p = fma(p, r, 1.0f);
+  // 2^k as up to three exact power-of-two factors (k may be below the normal range or 128); a factor of 1 is exact.
   int ki = static_cast<int>(k);
-  // 2^k as one or two exact power-of-two factors (k may be below the normal range).
-  if (ki < -126) {
-    p = mul(p, from_bits(static_cast<uint32_t>(ki + 126 + 127) << 23));
-    ki = -126;
-  }
-  if (ki > 127) {
-    p = mul(p, 2.0f);
-    ki -= 1;
-  }
-  return mul(p, from_bits(static_cast<uint32_t>(ki + 127) << 23));
+  const int low = ki < -126 ? ki + 126 : 0;  // in [-24, -1] when used: 2^low is normal
+  ki = ki < -126 ? -126 : ki;
+  const int high = ki > 127 ? 1 : 0;
+  ki -= high;
+  p = mul(p, from_bits(static_cast<uint32_t>(low + 127) << 23));
+  p = mul(p, from_bits(static_cast<uint32_t>(high + 127) << 23));
+  const float e = mul(p, from_bits(static_cast<uint32_t>(ki + 127) << 23));
+  return nan ? x : (over ? from_bits(0x7f800000u) : (under ? 0.0f : e));
 }
 
 /// 1 / (1 + exp(-x)), IEEE-rounded division.

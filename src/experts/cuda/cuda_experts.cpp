@@ -34,18 +34,19 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGroupedOps{
     &detail::sm90_grouped_gemm_cooperative_128x256x64};
 
 // Default heuristic, by the rows an expert is expected to get: the average over active routed experts,
-// ceil(T*K / min(E, T*K)), raised to ceil(T/4) when shared experts (T rows each) are fused. Fitted to the H200
-// sweeps in docs/benchmarks.md: the GEMV wins only at ~1 row per expert; 64-row pingpong tiles up to ~64 rows;
+// ceil(T*K / min(E, T*K)), raised to ceil(T/4) when shared experts (T rows each) are fused; and by T. Fitted to
+// the H200 sweeps in docs/benchmarks.md: the GEMV wins only for a handful of tokens at ~1 row per expert (at
+// T = 16 with 1 row per expert the pingpong GEMM is 1.3-1.6x faster); 64-row pingpong tiles up to ~64 rows;
 // 128x128 cooperative tiles up to ~256; above, 128x256 tiles for GEMM1 (its N = 2I is the wider one).
 struct HeuristicRule {
-  int64_t max_rows_per_expert;
+  int64_t max_rows_per_expert, max_tokens;
   int gemm1, gemm2;
 };
 constexpr std::array<HeuristicRule, 4> kHeuristic{{
-    {1, 0, 0},
-    {64, 1, 1},
-    {256, 2, 2},
-    {INT64_MAX, 3, 2},
+    {1, 4, 0, 0},
+    {64, INT64_MAX, 1, 1},
+    {256, INT64_MAX, 2, 2},
+    {INT64_MAX, INT64_MAX, 3, 2},
 }};
 
 constexpr int64_t kAlign = 256;
@@ -216,7 +217,7 @@ ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens) {
   const int64_t active = std::min<int64_t>(c.num_experts, routed);
   const int64_t rows = std::max((routed + active - 1) / active, c.num_shared_experts > 0 ? (t + 3) / 4 : int64_t{0});
   for (const HeuristicRule& r : kHeuristic)
-    if (rows <= r.max_rows_per_expert) return {r.gemm1, r.gemm2};
+    if (rows <= r.max_rows_per_expert && t <= r.max_tokens) return {r.gemm1, r.gemm2};
   return {kHeuristic.back().gemm1, kHeuristic.back().gemm2};
 }
 

@@ -3,7 +3,12 @@
 // into its epilogue; GEMM2: two output columns) and streams them with 16-byte non-coherent loads while the block's
 // rows (up to kRows per pass) are read from L1/L2. A plan block belongs to one expert (segments are padded to B),
 // so the block index gives the expert and its rows; blocks of padding, of other ranks or past the extent exit.
+// kRows is picked from min(T, B), the most rows a block can hold: with one row per block the kernel needs no
+// accumulators for eight, fits three CTAs per SM and keeps more weight loads in flight (measured on the H200:
+// docs/benchmarks.md).
 #include <cuda_runtime.h>
+
+#include <array>
 
 #include "experts/cuda/experts_device.cuh"
 
@@ -11,7 +16,6 @@ namespace moekit::detail {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kRows = 8;   // rows per pass over the weights
 constexpr int kDepth = 4;  // k-steps of weight loads issued together
 
 // Weights are read once: non-coherent, and not kept in L1 (the x rows are what L1 should hold).
@@ -35,7 +39,8 @@ __device__ __forceinline__ void dot8(float& acc, const uint4& w, const uint4& x)
   }
 }
 
-__global__ void __launch_bounds__(kWarps * 32) expert_gemv_kernel(GemvParams p) {
+template <int kRows>  // rows per pass over the weights
+__global__ void __launch_bounds__(kWarps * 32, kRows == 1 ? 3 : 1) expert_gemv_kernel(GemvParams p) {
   const int64_t block = blockIdx.x;
   const int64_t B = p.plan.block;
   if (block * B >= p.plan.extent[0]) return;
@@ -120,6 +125,18 @@ __global__ void __launch_bounds__(kWarps * 32) expert_gemv_kernel(GemvParams p) 
   }
 }
 
+using GemvKernel = void (*)(GemvParams);
+struct GemvEntry {
+  int rows;  // kRows: picked when min(T, B) <= rows
+  GemvKernel fn;
+};
+constexpr std::array<GemvEntry, 4> kGemvKernels{{
+    {1, expert_gemv_kernel<1>},
+    {2, expert_gemv_kernel<2>},
+    {4, expert_gemv_kernel<4>},
+    {8, expert_gemv_kernel<8>},
+}};
+
 }  // namespace
 
 void launch_gemv(const GemvParams& p, Stream stream) {
@@ -127,7 +144,14 @@ void launch_gemv(const GemvParams& p, Stream stream) {
   if (blocks == 0) return;
   const int pairs = p.gated ? p.n_out : p.n_out / 2;
   const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((pairs + kWarps - 1) / kWarps));
-  expert_gemv_kernel<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  const int64_t max_rows = p.plan.tokens < p.plan.block ? p.plan.tokens : p.plan.block;
+  GemvKernel fn = kGemvKernels.back().fn;
+  for (const GemvEntry& e : kGemvKernels)
+    if (max_rows <= e.rows) {
+      fn = e.fn;
+      break;
+    }
+  fn<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(p);
   check_launch("expert_gemv_kernel");
 }
 

@@ -53,8 +53,10 @@ __global__ void __launch_bounds__(kRowThreads) activation_rows_kernel(Activation
   }
 }
 
-constexpr int kCombineThreads = 256;
+constexpr int kCombineThreads = 128;
+constexpr int kCombineBatch = 8;  // slots whose rows are loaded before any is added (latency, not bandwidth, at small T)
 
+// One CTA per (token, kCombineThreads * 8 columns): several CTAs per token keep a single token's latency short.
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams p) {
   const int64_t t = blockIdx.x;
   const int kt = p.plan.slots;
@@ -69,18 +71,35 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
   }
   __syncthreads();
   const int h = p.hidden;
-  for (int c0 = threadIdx.x * 8; c0 < h; c0 += kCombineThreads * 8) {
-    float acc[8] = {};
-    for (int j = 0; j < kt; ++j) {  // slot order: the sum is deterministic
-      const int e = s_expert[j];
-      if (e < 0) continue;
-      const Bf16x8 y = load_bf16x8(static_cast<const __nv_bfloat16*>(p.y) + static_cast<int64_t>(s_row[j]) * h + c0);
-      const float w = s_weight[j];
+  const int c0 = (blockIdx.y * kCombineThreads + threadIdx.x) * 8;
+  if (c0 >= h) return;
+  const __nv_bfloat16* y = static_cast<const __nv_bfloat16*>(p.y);
+  float acc[8] = {};
+  for (int j0 = 0; j0 < kt; j0 += kCombineBatch) {
+    uint4 v[kCombineBatch];
 #pragma unroll
-      for (int i = 0; i < 8; ++i) acc[i] += w * (y.v[i] + load_bias(p.b2, static_cast<int64_t>(e) * h + c0 + i));
+    for (int b = 0; b < kCombineBatch; ++b) {
+      const int j = j0 + b;
+      v[b] = j < kt && s_expert[j] >= 0
+                 ? *reinterpret_cast<const uint4*>(y + static_cast<int64_t>(s_row[j]) * h + c0)
+                 : make_uint4(0, 0, 0, 0);
     }
-    store_bf16x8(static_cast<__nv_bfloat16*>(p.out) + t * h + c0, acc);
+#pragma unroll
+    for (int b = 0; b < kCombineBatch; ++b) {  // slot order: the sum is deterministic
+      const int j = j0 + b;
+      if (j >= kt || s_expert[j] < 0) continue;
+      const __nv_bfloat162* yh = reinterpret_cast<const __nv_bfloat162*>(&v[b]);
+      const float w = s_weight[j];
+      const int64_t bias = static_cast<int64_t>(s_expert[j]) * h + c0;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = __bfloat1622float2(yh[i]);
+        acc[2 * i] += w * (f.x + load_bias(p.b2, bias + 2 * i));
+        acc[2 * i + 1] += w * (f.y + load_bias(p.b2, bias + 2 * i + 1));
+      }
+    }
   }
+  store_bf16x8(static_cast<__nv_bfloat16*>(p.out) + t * h + c0, acc);
 }
 
 }  // namespace
@@ -101,7 +120,9 @@ void launch_activation(const ActivationKernelParams& p, Stream stream) {
 
 void launch_combine(const CombineParams& p, Stream stream) {
   if (p.plan.tokens == 0) return;
-  combine_kernel<<<static_cast<unsigned>(p.plan.tokens), kCombineThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  const dim3 grid(static_cast<unsigned>(p.plan.tokens),
+                  static_cast<unsigned>((p.hidden + kCombineThreads * 8 - 1) / (kCombineThreads * 8)));
+  combine_kernel<<<grid, kCombineThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
   check_launch("combine_kernel");
 }
 

@@ -179,7 +179,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   if (t0 < t1) row.load(p, t0, lane);
   const uint32_t gen = nb > 1 ? __ldcg(p.barrier + 1) : 0u;  // stable until every CTA has arrived
 
-  for (int i = tid; i < kWarps * e_pad / 2; i += kThreads) reinterpret_cast<uint32_t*>(hist)[i] = 0;
+  // Warps past the CTA's tokens keep empty histograms: only the active ones are zeroed and scanned.
+  const int active_warps = cta_t1 > cta_t0 ? (cta_t1 - cta_t0 + p.tokens_per_warp - 1) / p.tokens_per_warp : 0;
+  for (int i = tid; i < active_warps * e_pad / 2; i += kThreads) reinterpret_cast<uint32_t*>(hist)[i] = 0;
   if (p.bias != nullptr)
     for (int e = tid; e < E; e += kThreads)
       bias_s[e] = p.bias_bf16 ? load_one(static_cast<const Bf16*>(p.bias) + e)
@@ -206,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   // B. Per-warp histograms -> per-warp exclusive prefixes; CTA totals.
   for (int e = tid; e < E; e += kThreads) {
     int run = 0;
-    for (int w = 0; w < kWarps; ++w) {
+    for (int w = 0; w < active_warps; ++w) {
       const int v = hist[w * e_pad + e];
       hist[w * e_pad + e] = static_cast<uint16_t>(run);
       run += v;
@@ -273,13 +275,16 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     p.slot_rows[s] = row_id;
   }
 
-  // Padding rows and block -> expert, spread over the grid.
+  // Padding rows and block -> expert, spread over the grid: a block's padding rows are written by a warp when
+  // B >= 32 (lanes stride its rows), by one thread otherwise.
   const int pad = T * Kt;
+  const int lanes_per_block = B >= 32 ? 32 : 1;
   const int64_t gthreads = static_cast<int64_t>(nb) * kThreads;
   const int64_t gtid = static_cast<int64_t>(blockIdx.x) * kThreads + tid;
   const int64_t nblocks = p.capacity / B;
   const int used_blocks = used / B;
-  for (int64_t b = gtid; b < nblocks; b += gthreads) {
+  const int sub = lanes_per_block == 32 ? lane : 0;
+  for (int64_t b = gtid / lanes_per_block; b < nblocks; b += gthreads / lanes_per_block) {
     if (b < used_blocks) {
       const int r0 = static_cast<int>(b) * B;
       int lo = 0, hi = G;  // last g with offs_s[g] <= r0
@@ -290,9 +295,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
         else
           hi = mid;
       }
-      p.block_experts[b] = lo;
-      for (int r = max(r0, offs_s[lo] + cnt_s[lo]); r < r0 + B; ++r) p.sorted_slots[r] = pad;
-    } else {
+      if (sub == 0) p.block_experts[b] = lo;
+      for (int r = max(r0, offs_s[lo] + cnt_s[lo]) + sub; r < r0 + B; r += lanes_per_block) p.sorted_slots[r] = pad;
+    } else if (sub == 0) {
       p.block_experts[b] = -1;
     }
   }

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Nsight Compute profiles of the fused router and of the MoE expert kernels, for finding where the time goes
+# (run on the GPU machine after a build). Reports and SASS-level source pages go to $OUT_DIR.
+#   BUILD_DIR=build OUT_DIR=/tmp/prof scripts/profile-kernels.sh [route] [moe PRESET T]
+set -uo pipefail
+build="${BUILD_DIR:-build}"
+out="${OUT_DIR:-prof-out}"
+moekit="$build/tools/moekit"
+mkdir -p "$out"
+ncu_run() { ncu --clock-control none "$@"; }
+
+# route NAME ARGS...: one router launch (--verify-only), full set with source, SASS page as CSV.
+route() {
+  local name="$1"
+  shift
+  ncu_run --set full --import-source yes --warp-sampling-interval 0 -k regex:route_fused -c 1 -f \
+    -o "$out/route_$name" \
+    "$moekit" bench route "$@" --verify-only >"$out/route_$name.log" 2>&1
+  ncu --import "$out/route_$name.ncu-rep" --page source --csv --print-source sass >"$out/route_${name}_sass.csv" 2>&1
+  ncu --import "$out/route_$name.ncu-rep" --page details >"$out/route_${name}_details.txt" 2>&1
+}
+
+# moe PRESET T: per-kernel duration, DRAM bytes and grid of every launch of a short bench run.
+moe() {
+  ncu_run --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__block_size,\
+launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,launch__occupancy_limit_registers \
+    -k regex:'expert_gemv|route_fused|combine_kernel|gather_rows|activation_rows|fill_grouped|device_kernel' -c 16 --csv --page raw "$moekit" bench moe --preset "$1" --tokens "$2" --samples 3 >"$out/moe_$1_T$2.csv" 2>&1
+}
+
+if [[ $# -eq 0 ]]; then set -- route; fi
+case "$1" in
+  route)
+    dsv3=(--experts 256 --top-k 8 --block 64 --method sigmoid_grouped --n-group 8 --topk-group 4 --scale 2.5 --bias)
+    route dsv3_T1 "${dsv3[@]}" --tokens 1
+    route dsv3_T1024 "${dsv3[@]}" --tokens 1024
+    route seed6_T8 --experts 512 --top-k 10 --block 8 --method softmax_topk --tokens 8
+    ;;
+  moe) moe "$2" "$3" ;;
+esac
