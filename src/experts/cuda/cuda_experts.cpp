@@ -33,20 +33,22 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGroupedOps{
     nullptr, &detail::sm90_grouped_gemm_pingpong_64x128x64, &detail::sm90_grouped_gemm_cooperative_128x128x64,
     &detail::sm90_grouped_gemm_cooperative_128x256x64};
 
-// Default heuristic, by the rows an expert is expected to get: the average over active routed experts,
-// ceil(T*K / min(E, T*K)), raised to ceil(T/4) when shared experts (T rows each) are fused; and by T. Fitted to
-// the H200 sweeps in docs/benchmarks.md: the GEMV wins only for a handful of tokens at ~1 row per expert (at
-// T = 16 with 1 row per expert the pingpong GEMM is 1.3-1.6x faster); 64-row pingpong tiles up to ~64 rows;
-// 128x128 cooperative tiles up to ~256; above, 128x256 tiles for GEMM1 (its N = 2I is the wider one).
+// Default heuristic, first matching rule. Keys: the rows an expert is expected to get (the average over active
+// routed experts, ceil(T*K / min(E, T*K)), raised to ceil(T/4) when shared experts with T rows each are fused),
+// T, and the size of one expert's GEMM1 weights (2I x H). Fitted to the H200 sweeps and tuner runs in
+// docs/benchmarks.md: the GEMV wins for up to 4 tokens at ~1 row per expert (at T = 8-16 the pingpong GEMM is
+// 1.2-1.6x faster); 128x256 tiles for both GEMMs win from 64 rows per expert on large experts (mixtral, deepseek:
+// 1.2x over 64x128 and 128x128 tiles) and above 64 rows on all presets (1.03-1.16x); 64x128 pingpong tiles below.
 struct HeuristicRule {
-  int64_t max_rows_per_expert, max_tokens;
+  int64_t min_rows, max_rows, max_tokens, min_weights;
   int gemm1, gemm2;
 };
+constexpr int64_t kLargeExpert = int64_t{24} << 20;  // 2I x H elements
 constexpr std::array<HeuristicRule, 4> kHeuristic{{
-    {1, 4, 0, 0},
-    {64, INT64_MAX, 1, 1},
-    {256, INT64_MAX, 2, 2},
-    {INT64_MAX, INT64_MAX, 3, 2},
+    {0, 1, 4, 0, 0, 0},
+    {64, INT64_MAX, INT64_MAX, kLargeExpert, 3, 3},
+    {0, 64, INT64_MAX, 0, 1, 1},
+    {0, INT64_MAX, INT64_MAX, 0, 3, 3},
 }};
 
 constexpr int64_t kAlign = 256;
@@ -216,8 +218,10 @@ ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens) {
   const int64_t t = std::max<int64_t>(tokens, 1), routed = t * c.top_k;
   const int64_t active = std::min<int64_t>(c.num_experts, routed);
   const int64_t rows = std::max((routed + active - 1) / active, c.num_shared_experts > 0 ? (t + 3) / 4 : int64_t{0});
+  const int64_t weights = int64_t{2} * c.intermediate * c.hidden;
   for (const HeuristicRule& r : kHeuristic)
-    if (rows <= r.max_rows_per_expert && t <= r.max_tokens) return {r.gemm1, r.gemm2};
+    if (rows >= r.min_rows && rows <= r.max_rows && t <= r.max_tokens && weights >= r.min_weights)
+      return {r.gemm1, r.gemm2};
   return {kHeuristic.back().gemm1, kHeuristic.back().gemm2};
 }
 
