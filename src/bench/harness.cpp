@@ -1,6 +1,6 @@
 // Timing harness: CUPTI activity records give each kernel's GPU start/end; every sample is delimited on the GPU by
 // the memset that opens it (the L2 flush of 2x its size, or a small marker), so kernels are summed per sample
-// whatever their number. Graph time replays a captured graph of
+// whatever their number (the union of their intervals: overlapping dependent launches count once). Graph time replays a captured graph of
 // several calls and divides. Ceilings: a 1 GiB device copy (bytes read + written), an empty kernel.
 #include <algorithm>
 #include <cmath>
@@ -175,14 +175,20 @@ Stats Harness::kernel_time(const LaunchFn& fn, int variants, const TimingOptions
     items.swap(records().items);
   }
   std::sort(items.begin(), items.end(), [](const Interval& a, const Interval& b) { return a.start < b.start; });
+  // A sample's kernel time is the length of the union of its kernels' intervals: the sum when they run one after
+  // another, and no double counting when a programmatically dependent launch overlaps its predecessor.
   std::vector<double> us;
   std::vector<int> kernels;
+  uint64_t covered_to = 0;
   for (const Interval& it : items) {
     if (!it.kernel) {
       us.push_back(0);
       kernels.push_back(0);
+      covered_to = 0;
     } else if (!us.empty()) {
-      us.back() += static_cast<double>(it.end - it.start) / 1000.0;
+      const uint64_t from = std::max(it.start, covered_to);
+      if (it.end > from) us.back() += static_cast<double>(it.end - from) / 1000.0;
+      covered_to = std::max(covered_to, it.end);
       kernels.back() += 1;
     }
   }

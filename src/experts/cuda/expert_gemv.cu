@@ -27,6 +27,10 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {
   return v;
 }
 
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
 __device__ __forceinline__ void dot8(float& acc, const uint4& w, const uint4& x) {
   const __nv_bfloat162* wh = reinterpret_cast<const __nv_bfloat162*>(&w);
   const __nv_bfloat162* xh = reinterpret_cast<const __nv_bfloat162*>(&x);
@@ -41,6 +45,12 @@ __device__ __forceinline__ void dot8(float& acc, const uint4& w, const uint4& x)
 
 template <int kRows>  // rows per pass over the weights
 __global__ void __launch_bounds__(kWarps * 32, kRows == 1 ? 3 : 1) expert_gemv_kernel(GemvParams p) {
+  // GEMM1 follows the router, whose plan it needs at once; GEMM2 follows GEMM1 and reads the plan (complete
+  // before GEMM1 lets it start) and its weights before it waits for GEMM1's output.
+  if (p.gated) {
+    wait_for_predecessor();
+    allow_dependents();
+  }
   const int64_t block = blockIdx.x;
   const int64_t B = p.plan.block;
   if (block * B >= p.plan.extent[0]) return;
@@ -64,6 +74,13 @@ __global__ void __launch_bounds__(kWarps * 32, kRows == 1 ? 3 : 1) expert_gemv_k
   const __nv_bfloat16* w0 = w + static_cast<int64_t>(c0) * k;
   const __nv_bfloat16* w1 = w + static_cast<int64_t>(c1) * k;
   const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.x);
+  if (!p.gated) {
+    // The first k-step's weights go to L2 while GEMM1 finishes.
+    const int kk = (lane % 16) * 64;
+    if (kk < min(k, 32 * 8 * kDepth)) prefetch_l2((lane < 16 ? w0 : w1) + kk);
+    wait_for_predecessor();
+    allow_dependents();
+  }
 
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
     const int nr = static_cast<int>(min(static_cast<int64_t>(kRows), row_end - r0));
@@ -151,8 +168,7 @@ void launch_gemv(const GemvParams& p, Stream stream) {
       fn = e.fn;
       break;
     }
-  fn<<<grid, kWarps * 32, 0, static_cast<cudaStream_t>(stream)>>>(p);
-  check_launch("expert_gemv_kernel");
+  launch_dependent(fn, grid, dim3(kWarps * 32), stream, p, "expert_gemv_kernel");
 }
 
 }  // namespace moekit::detail

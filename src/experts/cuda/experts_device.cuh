@@ -4,12 +4,41 @@
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_runtime.h>
 
 #include <cstdint>
 
 #include "experts/cuda/experts_kernels.h"
 
 namespace moekit::detail {
+
+/// Programmatic dependent launch: a kernel started by launch_dependent() may begin while its predecessor in the
+/// stream is still running (once every predecessor CTA has called allow_dependents() or exited). It must call
+/// wait_for_predecessor() before it touches anything the predecessor writes; everything launched before the
+/// predecessor is complete and visible from the start. A predecessor that never calls allow_dependents() makes
+/// this an ordinary launch.
+__device__ __forceinline__ void wait_for_predecessor() {
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+}
+__device__ __forceinline__ void allow_dependents() {
+  asm volatile("griddepcontrol.launch_dependents;" :::);
+}
+
+template <class Params>
+void launch_dependent(void (*kernel)(Params), dim3 grid, dim3 block, Stream stream, const Params& p,
+                      const char* what) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.stream = static_cast<cudaStream_t>(stream);
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  cudaLaunchKernelEx(&config, kernel, p);
+  check_launch(what);
+}
 
 __device__ __forceinline__ int local_expert(const ExpertMap& m, int id) {
   if (id >= m.num_experts) return m.local_count + (id - m.num_experts);  // shared expert

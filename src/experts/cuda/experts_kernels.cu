@@ -70,6 +70,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
     s_weight[threadIdx.x] = p.plan.topk_weights[slot];
   }
   __syncthreads();
+  wait_for_predecessor();  // y comes from GEMM2; the plan was complete before GEMM2 let this kernel start
   const int h = p.hidden;
   const int c0 = (blockIdx.y * kCombineThreads + threadIdx.x) * 8;
   if (c0 >= h) return;
@@ -122,8 +123,7 @@ void launch_combine(const CombineParams& p, Stream stream) {
   if (p.plan.tokens == 0) return;
   const dim3 grid(static_cast<unsigned>(p.plan.tokens),
                   static_cast<unsigned>((p.hidden + kCombineThreads * 8 - 1) / (kCombineThreads * 8)));
-  combine_kernel<<<grid, kCombineThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
-  check_launch("combine_kernel");
+  launch_dependent(combine_kernel, grid, dim3(kCombineThreads), stream, p, "combine_kernel");
 }
 
 }  // namespace moekit::detail

@@ -177,6 +177,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   const int t1 = min(t0 + p.tokens_per_warp, cta_t1);
   RowRegs<In, NC> row;
   if (t0 < t1) row.load(p, t0, lane);
+  // A kernel launched after this one with programmatic stream serialization (the expert GEMV) may start now and
+  // wait in griddepcontrol.wait for the plan: its launch latency hides behind the routing.
+  asm volatile("griddepcontrol.launch_dependents;" :::);
   const uint32_t gen = nb > 1 ? __ldcg(p.barrier + 1) : 0u;  // stable until every CTA has arrived
 
   // Warps past the CTA's tokens keep empty histograms: only the active ones are zeroed and scanned.
