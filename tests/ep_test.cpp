@@ -18,7 +18,6 @@
 #include "moekit/experts.h"
 #include "moekit/plan.h"
 #include "parallel/ep_bookkeeping.h"
-#include "test_support.h"
 
 namespace moekit {
 namespace {
@@ -193,14 +192,14 @@ struct SimCase {
 
 std::vector<SimCase> sim_cases() {
   return {
-      {"softmax_topk E8 K2", routing_config(RoutingMethod::softmax_topk, 8, 2, 0, true)},
-      {"sigmoid_grouped E12 K3 S1 bias", routing_config(RoutingMethod::sigmoid_grouped, 12, 3, 1, true, 4, 2, 2.5f),
-       32, 16, 7, true},
-      {"topk_softmax E10 K4 S2 bf16 logits", routing_config(RoutingMethod::topk_softmax, 10, 4, 2, true), 24, 8, 6,
-       false, DType::bf16},
-      {"softmax_topk E5 K2 S1 T1", routing_config(RoutingMethod::softmax_topk, 5, 2, 1, false), 16, 8, 1},
-      {"softmax_topk E4 K3 (E - L < K)", routing_config(RoutingMethod::softmax_topk, 4, 3, 0, true), 16, 8, 9},
-      {"one hot expert set S1", routing_config(RoutingMethod::softmax_topk, 8, 2, 1, true), 16, 8, 6, false,
+      {"softmax_topk E8 K2", make_routing_config(RoutingMethod::softmax_topk, 8, 2, 0, true)},
+      {"sigmoid_grouped E12 K3 S1 bias",
+       make_routing_config(RoutingMethod::sigmoid_grouped, 12, 3, 1, true, 4, 2, 2.5f), 32, 16, 7, true},
+      {"topk_softmax E10 K4 S2 bf16 logits", make_routing_config(RoutingMethod::topk_softmax, 10, 4, 2, true), 24, 8,
+       6, false, DType::bf16},
+      {"softmax_topk E5 K2 S1 T1", make_routing_config(RoutingMethod::softmax_topk, 5, 2, 1, false), 16, 8, 1},
+      {"softmax_topk E4 K3 (E - L < K)", make_routing_config(RoutingMethod::softmax_topk, 4, 3, 0, true), 16, 8, 9},
+      {"one hot expert set S1", make_routing_config(RoutingMethod::softmax_topk, 8, 2, 1, true), 16, 8, 6, false,
        DType::f32, true},
   };
 }
@@ -316,7 +315,7 @@ TEST(EpSimulate, RejectsUnequalTokenCounts) {
   }
   EpSimArgs a;
   a.experts = g;
-  a.routing = routing_config(RoutingMethod::softmax_topk, 4, 1, 0, false);
+  a.routing = make_routing_config(RoutingMethod::softmax_topk, 4, 1, 0, false);
   EXPECT_EQ(error_of([&] { ep_simulate(a, ranks); }),
             "moekit::ep: rank 1 hidden/out ([1, 8] bf16 cpu / [1, 8] bf16 cpu) must be [T, H] = [2, 8] bf16 "
             "contiguous with logits of rank 0's dtype (every rank the same T)");

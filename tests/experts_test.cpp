@@ -85,17 +85,6 @@ struct Problem {
   }
 };
 
-ExpertConfig make_cfg(int e, int k, int h, int i, int s = 0, Activation act = Activation::silu_gated) {
-  ExpertConfig c;
-  c.num_experts = e;
-  c.top_k = k;
-  c.hidden = h;
-  c.intermediate = i;
-  c.num_shared_experts = s;
-  c.activation = act;
-  return c;
-}
-
 /// Random weights (scaled so that activations stay O(1)) and hidden states; ids: K distinct routed experts per
 /// token drawn from `pool` (all E when empty), then the S shared ids with weight 1.0.
 Problem make_problem(const ExpertConfig& cfg, int64_t tokens, uint32_t seed, bool biases = false,
@@ -277,7 +266,7 @@ TEST(Activation, GeluGatedAtHandPoints) {
 class LayerPerActivation : public ::testing::TestWithParam<Activation> {};
 
 TEST_P(LayerPerActivation, MatchesFp64) {
-  ExpertConfig c = make_cfg(8, 2, 64, 32, 0, GetParam());
+  ExpertConfig c = make_expert_config(8, 2, 64, 32, 0, GetParam());
   // Large enough pre-activations that swiglu's limit clamps some of them.
   if (GetParam() == Activation::swiglu_clamped) c.act.limit = 1.5f;
   const uint32_t seed = 11;
@@ -292,7 +281,7 @@ INSTANTIATE_TEST_SUITE_P(Experts, LayerPerActivation,
                          [](const auto& info) { return std::string(activation_name(info.param)); });
 
 TEST(ExpertsReference, EveryGateUpLayoutGivesTheSameResult) {
-  ExpertConfig c = make_cfg(4, 2, 32, 24);
+  ExpertConfig c = make_expert_config(4, 2, 32, 24);
   Problem p = make_problem(c, 9, 5);
   const std::vector<double> ref = layer_fp64(p);
   const std::vector<float> base = p.run();
@@ -319,7 +308,7 @@ TEST(ExpertsReference, EveryGateUpLayoutGivesTheSameResult) {
 }
 
 TEST(ExpertsReference, BiasesFp32AndBf16) {
-  ExpertConfig c = make_cfg(6, 3, 48, 16, 0, Activation::swiglu_clamped);
+  ExpertConfig c = make_expert_config(6, 3, 48, 16, 0, Activation::swiglu_clamped);
   c.gate_up = GateUpLayout::interleaved;
   Problem p = make_problem(c, 10, 21, /*biases=*/true);
   const std::vector<float> with_fp32 = p.run();
@@ -333,7 +322,7 @@ TEST(ExpertsReference, BiasesFp32AndBf16) {
 }
 
 TEST(ExpertsReference, SharedExperts) {
-  ExpertConfig c = make_cfg(8, 2, 32, 16, 2);
+  ExpertConfig c = make_expert_config(8, 2, 32, 16, 2);
   Problem p = make_problem(c, 7, 3);
   ASSERT_EQ(p.ids[2], 8);
   ASSERT_EQ(p.ids[3], 9);
@@ -346,7 +335,7 @@ TEST(ExpertsReference, SharedExperts) {
 
 TEST(ExpertsReference, ExpertParallelSkipsOtherRanks) {
   // Global E = 8; this rank holds experts 2..4 plus one shared expert: E' = 4.
-  ExpertConfig full = make_cfg(8, 3, 32, 16, 1);
+  ExpertConfig full = make_expert_config(8, 3, 32, 16, 1);
   Problem all = make_problem(full, 12, 8);
   // Token 0 goes only to other ranks' experts (and the shared one, zero-weighted here).
   all.ids[0] = 0;
@@ -374,18 +363,18 @@ TEST(ExpertsReference, ExpertParallelSkipsOtherRanks) {
 }
 
 TEST(ExpertsReference, EmptyAndHotExperts) {
-  ExpertConfig c = make_cfg(16, 2, 40, 24);
+  ExpertConfig c = make_expert_config(16, 2, 40, 24);
   // Only experts 3, 7 and 12 receive tokens; 9 tokens give row groups with a tail.
   Problem p = make_problem(c, 9, 17, false, {3, 7, 12});
   expect_close(p.run(), layer_fp64(p));
   // Every token to expert 5 (K = 1): one hot expert, all others empty.
-  ExpertConfig k1 = make_cfg(16, 1, 40, 24);
+  ExpertConfig k1 = make_expert_config(16, 1, 40, 24);
   Problem hot = make_problem(k1, 11, 19, false, {5});
   expect_close(hot.run(), layer_fp64(hot));
 }
 
 TEST(ExpertsReference, OneTokenAndNoTokens) {
-  ExpertConfig c = make_cfg(8, 4, 64, 40, 1, Activation::gelu_gated);
+  ExpertConfig c = make_expert_config(8, 4, 64, 40, 1, Activation::gelu_gated);
   Problem p = make_problem(c, 1, 23);
   expect_close(p.run(), layer_fp64(p));
   Problem none = make_problem(c, 0, 23);
@@ -393,7 +382,7 @@ TEST(ExpertsReference, OneTokenAndNoTokens) {
 }
 
 TEST(ExpertsReference, ResultIndependentOfThreadCount) {
-  ExpertConfig c = make_cfg(8, 3, 96, 48, 1);
+  ExpertConfig c = make_expert_config(8, 3, 96, 48, 1);
   Problem p = make_problem(c, 37, 29, true);
   const std::vector<float> one = p.run(1);
   EXPECT_EQ(p.run(2), one);
@@ -403,7 +392,7 @@ TEST(ExpertsReference, ResultIndependentOfThreadCount) {
 }
 
 TEST(ExpertsReference, ResultIndependentOfTokenChunks) {
-  ExpertConfig c = make_cfg(6, 2, 32, 16, 1);
+  ExpertConfig c = make_expert_config(6, 2, 32, 16, 1);
   Problem p = make_problem(c, 11, 31);
   const std::vector<float> whole = p.run(2);
   for (int64_t chunk : {1, 3, 4, 10}) EXPECT_EQ(p.run(2, chunk), whole) << "chunk " << chunk;
@@ -415,7 +404,7 @@ TEST(ExpertsReference, ResultIndependentOfTokenChunks) {
 
 TEST(ExpertConfigValidate, EveryField) {
   auto msg = [](const std::function<void(ExpertConfig&)>& edit) {
-    ExpertConfig c = make_cfg(8, 2, 64, 32, 1);
+    ExpertConfig c = make_expert_config(8, 2, 64, 32, 1);
     edit(c);
     return error_of([&] { c.validate(); });
   };
@@ -463,7 +452,7 @@ TEST(ExpertConfigValidate, EveryField) {
 }
 
 TEST(ExpertWeightsValidate, ShapesDtypesLayoutDevice) {
-  ExpertConfig c = make_cfg(4, 2, 16, 8, 1);  // E' = 5
+  ExpertConfig c = make_expert_config(4, 2, 16, 8, 1);  // E' = 5
   Problem p = make_problem(c, 1, 1, true);
   const ExpertWeights good = p.weights();
   auto msg = [&](const std::function<void(ExpertWeights&)>& edit, Device d = Device::cpu()) {
@@ -528,7 +517,7 @@ TEST(ExpertWeightsValidate, ShapesDtypesLayoutDevice) {
 }
 
 TEST(ExpertsReferenceValidate, TensorsPlanAndThreads) {
-  ExpertConfig c = make_cfg(4, 2, 16, 8);
+  ExpertConfig c = make_expert_config(4, 2, 16, 8);
   Problem p = make_problem(c, 3, 2);
   std::vector<uint16_t> out(3 * 16);
   std::vector<float> out_f32(3 * 16);

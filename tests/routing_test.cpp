@@ -18,7 +18,6 @@
 #include "moekit/dtype.h"
 #include "moekit/error.h"
 #include "routing/routing_math.h"
-#include "test_support.h"
 
 namespace moekit {
 namespace {
@@ -56,7 +55,7 @@ void expect_weights(const std::vector<float>& got, const std::vector<double>& wa
 // ---------------------------------------------------------------- tiny hand-worked cases, one method at a time
 
 TEST(RoutingTiny, SoftmaxTopkIsSoftmaxOverAllExperts) {
-  const auto r = route(routing_config(RoutingMethod::softmax_topk, 4, 2), {1, 3, 2, 0.5f, /**/ -1, 0, 4, -2});
+  const auto r = route(make_routing_config(RoutingMethod::softmax_topk, 4, 2), {1, 3, 2, 0.5f, /**/ -1, 0, 4, -2});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{1, 2, 2, 1}));
   const double s0 = std::exp(-2.0) + 1 + std::exp(-1.0) + std::exp(-2.5);  // max 3
   const double s1 = std::exp(-5.0) + std::exp(-4.0) + 1 + std::exp(-6.0);  // max 4
@@ -65,28 +64,28 @@ TEST(RoutingTiny, SoftmaxTopkIsSoftmaxOverAllExperts) {
 
 TEST(RoutingTiny, SoftmaxTopkRenormalizeAndScale) {
   const double z = 1 + std::exp(-1.0);
-  auto r = route(routing_config(RoutingMethod::softmax_topk, 4, 2, 0, true), {1, 3, 2, 0.5f});
+  auto r = route(make_routing_config(RoutingMethod::softmax_topk, 4, 2, 0, true), {1, 3, 2, 0.5f});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{1, 2}));
   expect_weights(r.weights, {1 / z, std::exp(-1.0) / z});
-  r = route(routing_config(RoutingMethod::softmax_topk, 4, 2, 0, true, 1, 1, 2.5f), {1, 3, 2, 0.5f});
+  r = route(make_routing_config(RoutingMethod::softmax_topk, 4, 2, 0, true, 1, 1, 2.5f), {1, 3, 2, 0.5f});
   expect_weights(r.weights, {2.5 / z, 2.5 * std::exp(-1.0) / z});
   // Without renormalization the scale still applies.
-  r = route(routing_config(RoutingMethod::softmax_topk, 4, 2, 0, false, 1, 1, 2.5f), {1, 3, 2, 0.5f});
+  r = route(make_routing_config(RoutingMethod::softmax_topk, 4, 2, 0, false, 1, 1, 2.5f), {1, 3, 2, 0.5f});
   const double s = std::exp(-2.0) + 1 + std::exp(-1.0) + std::exp(-2.5);
   expect_weights(r.weights, {2.5 / s, 2.5 * std::exp(-1.0) / s});
 }
 
 TEST(RoutingTiny, TopkSoftmaxIsSoftmaxOverTheSelected) {
   const std::vector<float> logits{0.1f, -1, 2, 0.7f, 2, -3};
-  const auto r = route(routing_config(RoutingMethod::topk_softmax, 6, 3), logits);
+  const auto r = route(make_routing_config(RoutingMethod::topk_softmax, 6, 3), logits);
   EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 4, 3}));  // the tie 2 == 2 goes to the lower id first
   const double z = 2 + std::exp(0.7 - 2.0);
   expect_weights(r.weights, {1 / z, 1 / z, std::exp(-1.3) / z});
   // Already normalized: renormalize changes nothing; the scale still multiplies.
-  const auto renorm = route(routing_config(RoutingMethod::topk_softmax, 6, 3, 0, true), logits);
+  const auto renorm = route(make_routing_config(RoutingMethod::topk_softmax, 6, 3, 0, true), logits);
   EXPECT_EQ(renorm.ids, r.ids);
   EXPECT_EQ(renorm.weights, r.weights);
-  const auto scaled = route(routing_config(RoutingMethod::topk_softmax, 6, 3, 0, true, 1, 1, 3.0f), logits);
+  const auto scaled = route(make_routing_config(RoutingMethod::topk_softmax, 6, 3, 0, true, 1, 1, 3.0f), logits);
   expect_weights(scaled.weights, {3 / z, 3 / z, 3 * std::exp(-1.3) / z});
 }
 
@@ -94,31 +93,31 @@ TEST(RoutingTiny, TopkSoftmaxIsSoftmaxOverTheSelected) {
 // 0.388, so groups 1 and 2 are kept and expert 0, the best single expert, is excluded with its group.
 TEST(RoutingTiny, SigmoidGroupedExcludesAHighExpertOfALosingGroup) {
   const std::vector<float> logits{3, -3, 1, 1, 0.5f, 0.8f, -1, -2};
-  auto r = route(routing_config(RoutingMethod::sigmoid_grouped, 8, 3, 0, true, 4, 2, 2.5f), logits);
+  auto r = route(make_routing_config(RoutingMethod::sigmoid_grouped, 8, 3, 0, true, 4, 2, 2.5f), logits);
   EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 3, 5}));
   const double z = 2 * sig(1) + sig(0.8);
   expect_weights(r.weights, {2.5 * sig(1) / z, 2.5 * sig(1) / z, 2.5 * sig(0.8) / z});
-  r = route(routing_config(RoutingMethod::sigmoid_grouped, 8, 3, 0, false, 4, 2, 2.5f), logits);
+  r = route(make_routing_config(RoutingMethod::sigmoid_grouped, 8, 3, 0, false, 4, 2, 2.5f), logits);
   EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 3, 5}));
   expect_weights(r.weights, {2.5 * sig(1), 2.5 * sig(1), 2.5 * sig(0.8)});
   // With every group kept, expert 0 wins.
-  r = route(routing_config(RoutingMethod::sigmoid_grouped, 8, 3, 0, false, 4, 4), logits);
+  r = route(make_routing_config(RoutingMethod::sigmoid_grouped, 8, 3, 0, false, 4, 4), logits);
   EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 2, 3}));
 }
 
 // A group's score is the sum of its TWO best keys: token 0 tells it from the sum of all keys (group 1 would win
 // with 3 * sig(1.5)), token 1 from the best key alone (group 1 would win with sig(2)).
 TEST(RoutingTiny, GroupScoreIsTheSumOfTheTwoBestKeys) {
-  const auto r =
-      route(routing_config(RoutingMethod::sigmoid_grouped, 6, 1, 0, false, 2, 1), {2, 2, -10, 1.5f, 1.5f, 1.5f,  //
-                                                                                   1.5f, 1.5f, -10, 2, 0, -10});
+  const auto r = route(make_routing_config(RoutingMethod::sigmoid_grouped, 6, 1, 0, false, 2, 1),
+                       {2, 2, -10, 1.5f, 1.5f, 1.5f,  //
+                        1.5f, 1.5f, -10, 2, 0, -10});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 0}));
   expect_weights(r.weights, {sig(2), sig(1.5)});
 }
 
 TEST(RoutingTiny, SingleExpertGroupsScoreTheirOneKey) {
   const auto r =
-      route(routing_config(RoutingMethod::sigmoid_grouped, 4, 2, 0, false, 4, 2), {0.3f, 0.9f, -0.2f, 0.5f});
+      route(make_routing_config(RoutingMethod::sigmoid_grouped, 4, 2, 0, false, 4, 2), {0.3f, 0.9f, -0.2f, 0.5f});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{1, 3}));
   expect_weights(r.weights, {sig(0.9), sig(0.5)});
 }
@@ -126,7 +125,7 @@ TEST(RoutingTiny, SingleExpertGroupsScoreTheirOneKey) {
 // All logits 0 make every sigmoid exactly 0.5; dyadic biases make both group scores exactly 1.5:
 // group 0 = 0.75 + 0.75, group 1 = 1.0 + 0.5. The tie keeps group 0, although group 1 holds the best key.
 TEST(RoutingTiny, EqualGroupScoresKeepTheLowerGroup) {
-  const auto r = route(routing_config(RoutingMethod::sigmoid_grouped, 4, 1, 0, true, 2, 1), {0, 0, 0, 0},
+  const auto r = route(make_routing_config(RoutingMethod::sigmoid_grouped, 4, 1, 0, true, 2, 1), {0, 0, 0, 0},
                        {0.25f, 0.25f, 0.5f, 0});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{0}));
   expect_weights(r.weights, {1.0});  // renormalized single weight
@@ -134,18 +133,18 @@ TEST(RoutingTiny, EqualGroupScoresKeepTheLowerGroup) {
 
 TEST(RoutingTiny, BiasChangesTheSelectionNotTheWeights) {
   // sigmoid_grouped, one group: keys 0.5, 0.731, 0.881 - 5, 0.622 + 1.
-  auto r = route(routing_config(RoutingMethod::sigmoid_grouped, 4, 2), {0, 1, 2, 0.5f}, {0, 0, -5, 1});
+  auto r = route(make_routing_config(RoutingMethod::sigmoid_grouped, 4, 2), {0, 1, 2, 0.5f}, {0, 0, -5, 1});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{3, 1}));
   expect_weights(r.weights, {sig(0.5), sig(1)});
-  r = route(routing_config(RoutingMethod::sigmoid_grouped, 4, 2), {0, 1, 2, 0.5f});
+  r = route(make_routing_config(RoutingMethod::sigmoid_grouped, 4, 2), {0, 1, 2, 0.5f});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 1}));
   // softmax_topk: keys 1, 0, 2, 0.5; the weights stay the softmax of the unbiased logits.
-  r = route(routing_config(RoutingMethod::softmax_topk, 4, 2), {1, 3, 2, 0.5f}, {0, -3, 0, 0});
+  r = route(make_routing_config(RoutingMethod::softmax_topk, 4, 2), {1, 3, 2, 0.5f}, {0, -3, 0, 0});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 0}));
   const double s = std::exp(-2.0) + 1 + std::exp(-1.0) + std::exp(-2.5);
   expect_weights(r.weights, {std::exp(-1.0) / s, std::exp(-2.0) / s});
   // topk_softmax: the softmax runs over the selected unbiased logits.
-  r = route(routing_config(RoutingMethod::topk_softmax, 4, 2), {1, 3, 2, 0.5f}, {0, -3, 0, 0});
+  r = route(make_routing_config(RoutingMethod::topk_softmax, 4, 2), {1, 3, 2, 0.5f}, {0, -3, 0, 0});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 0}));
   const double z = 1 + std::exp(-1.0);
   expect_weights(r.weights, {1 / z, std::exp(-1.0) / z});
@@ -153,24 +152,24 @@ TEST(RoutingTiny, BiasChangesTheSelectionNotTheWeights) {
 
 TEST(RoutingTiny, Llama4WeightIsTheSigmoidOfTheLogit) {
   // renormalize does not apply to llama4: the weight stays sigmoid(1.5), not 1.
-  const auto r = route(routing_config(RoutingMethod::llama4, 5, 1, 1, true), {0.2f, -1, 1.5f, 1.5f, 0});
+  const auto r = route(make_routing_config(RoutingMethod::llama4, 5, 1, 1, true), {0.2f, -1, 1.5f, 1.5f, 0});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 5}));
   expect_weights(r.weights, {sig(1.5), 1.0});
 }
 
 TEST(RoutingTiny, PreScoredUsesTheScores) {
   const std::vector<float> scores{0.1f, 0.4f, 0.3f, 0.2f};
-  auto r = route(routing_config(RoutingMethod::pre_scored, 4, 2), scores);
+  auto r = route(make_routing_config(RoutingMethod::pre_scored, 4, 2), scores);
   EXPECT_EQ(r.ids, (std::vector<int32_t>{1, 2}));
   expect_weights(r.weights, {0.4f, 0.3f});
-  r = route(routing_config(RoutingMethod::pre_scored, 4, 2, 0, true), scores);
+  r = route(make_routing_config(RoutingMethod::pre_scored, 4, 2, 0, true), scores);
   expect_weights(r.weights, {0.4f / (0.4 + 0.3f), 0.3f / (0.4 + 0.3f)});
-  r = route(routing_config(RoutingMethod::pre_scored, 4, 2, 0, true, 1, 1, 2.0f), scores);
+  r = route(make_routing_config(RoutingMethod::pre_scored, 4, 2, 0, true, 1, 1, 2.0f), scores);
   expect_weights(r.weights, {2 * 0.4f / (0.4 + 0.3f), 2 * 0.3f / (0.4 + 0.3f)});
 }
 
 TEST(RoutingTiny, RenormalizeSkipsAZeroSum) {
-  const auto r = route(routing_config(RoutingMethod::pre_scored, 3, 2, 0, true), {0, 0, -1});
+  const auto r = route(make_routing_config(RoutingMethod::pre_scored, 3, 2, 0, true), {0, 0, -1});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 1}));
   expect_weights(r.weights, {0, 0});
 }
@@ -181,7 +180,7 @@ TEST(RoutingTiny, SharedSlotsFollowWithWeightExactlyOne) {
                           RoutingMethod::llama4, RoutingMethod::pre_scored}) {
     SCOPED_TRACE(std::string(routing_method_name(m)));
     const int k = m == RoutingMethod::llama4 ? 1 : 2;
-    const auto r = route(routing_config(m, 8, k, 3, true, 1, 1, 2.5f), logits);
+    const auto r = route(make_routing_config(m, 8, k, 3, true, 1, 1, 2.5f), logits);
     ASSERT_EQ(r.ids.size(), static_cast<size_t>(k + 3));
     EXPECT_EQ(r.ids[0], 2);
     if (k == 2) {
@@ -195,26 +194,26 @@ TEST(RoutingTiny, SharedSlotsFollowWithWeightExactlyOne) {
 }
 
 TEST(RoutingTiny, EqualKeysGoToTheLowerId) {
-  auto r = route(routing_config(RoutingMethod::softmax_topk, 4, 3), {1, 1, 1, 1});
+  auto r = route(make_routing_config(RoutingMethod::softmax_topk, 4, 3), {1, 1, 1, 1});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 1, 2}));
   expect_weights(r.weights, {0.25, 0.25, 0.25});
-  r = route(routing_config(RoutingMethod::topk_softmax, 5, 3), {-2, 0.5f, 0.5f, -2, 0.5f});
+  r = route(make_routing_config(RoutingMethod::topk_softmax, 5, 3), {-2, 0.5f, 0.5f, -2, 0.5f});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{1, 2, 4}));
   expect_weights(r.weights, {1 / 3.0, 1 / 3.0, 1 / 3.0});
 }
 
 TEST(RoutingTiny, NaNRanksBelowMinusInfinity) {
   // NaN is treated as probability 0 by the softmax; -inf has probability 0 too.
-  auto r = route(routing_config(RoutingMethod::softmax_topk, 4, 4), {kNaN, -kInf, 0, 1});
+  auto r = route(make_routing_config(RoutingMethod::softmax_topk, 4, 4), {kNaN, -kInf, 0, 1});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{3, 2, 1, 0}));
   const double z = 1 + std::exp(-1.0);
   expect_weights(r.weights, {1 / z, std::exp(-1.0) / z, 0, 0});
-  r = route(routing_config(RoutingMethod::sigmoid_grouped, 3, 3), {kNaN, -1, 2});
+  r = route(make_routing_config(RoutingMethod::sigmoid_grouped, 3, 3), {kNaN, -1, 2});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 1, 0}));
-  r = route(routing_config(RoutingMethod::pre_scored, 4, 2), {kNaN, kNaN, -kInf, kNaN});
+  r = route(make_routing_config(RoutingMethod::pre_scored, 4, 2), {kNaN, kNaN, -kInf, kNaN});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 0}));
   // A row of only NaN has no probability mass: its weights are 0 (documented in reference.cpp).
-  r = route(routing_config(RoutingMethod::softmax_topk, 3, 2), {kNaN, kNaN, kNaN});
+  r = route(make_routing_config(RoutingMethod::softmax_topk, 3, 2), {kNaN, kNaN, kNaN});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 1}));
   expect_weights(r.weights, {0, 0});
 }
@@ -228,8 +227,8 @@ TEST(RoutingTiny, Bf16LogitsAndBiasMatchFp32OfTheSameValues) {
   for (size_t i = 0; i < logits.size(); ++i)
     logits[i] = round_to_bf16(dist(rng)), logits16[i] = float_to_bf16(logits[i]);
   for (int e = 0; e < kE; ++e) bias[e] = round_to_bf16(dist(rng) / 8), bias16[e] = float_to_bf16(bias[e]);
-  for (const RoutingConfig& cfg : {routing_config(RoutingMethod::softmax_topk, kE, 5, 1, true),
-                                   routing_config(RoutingMethod::sigmoid_grouped, kE, 6, 1, true, 4, 2, 2.5f)}) {
+  for (const RoutingConfig& cfg : {make_routing_config(RoutingMethod::softmax_topk, kE, 5, 1, true),
+                                   make_routing_config(RoutingMethod::sigmoid_grouped, kE, 6, 1, true, 4, 2, 2.5f)}) {
     const Routed want = route(cfg, logits, bias);
     Routed got{std::vector<int32_t>(kT * cfg.slots()), std::vector<float>(kT * cfg.slots())};
     route_topk_reference(cfg, TensorView::contiguous(logits16.data(), DType::bf16, {kT, kE}),
@@ -249,7 +248,7 @@ TEST(RoutingTiny, RowStrideLargerThanE) {
   for (int t = 0; t < kT; ++t) std::copy_n(logits.begin() + t * kE, kE, padded.begin() + t * kStride);
   TensorView v = TensorView::contiguous(padded.data(), DType::f32, {kT, kE});
   v.strides[0] = kStride;
-  const RoutingConfig cfg = routing_config(RoutingMethod::softmax_topk, kE, 2, 0, true);
+  const RoutingConfig cfg = make_routing_config(RoutingMethod::softmax_topk, kE, 2, 0, true);
   Routed got{std::vector<int32_t>(kT * 2), std::vector<float>(kT * 2)};
   route_topk_reference(cfg, v, {}, got.ids.data(), got.weights.data());
   EXPECT_EQ(got.ids, (std::vector<int32_t>{3, 1, 2, 0, 5, 3}));
@@ -261,7 +260,7 @@ TEST(RoutingTiny, ReplayFillsRowsBelowTAndLeavesTheRest) {
   constexpr int kE = 5, kK = 2, kRows = 5;
   constexpr int16_t kSentinel = -7;
   std::vector<int16_t> replay(kRows * kK, kSentinel);
-  const RoutingConfig cfg = routing_config(RoutingMethod::topk_softmax, kE, kK, 1);
+  const RoutingConfig cfg = make_routing_config(RoutingMethod::topk_softmax, kE, kK, 1);
   const auto r = route(cfg, {0, 1, 2, 3, 4, /**/ 4, 3, 2, 1, 0, /**/ 0, 9, 0, 9, 0}, {},
                        TensorView::contiguous(replay.data(), DType::i16, {kRows, kK}));
   EXPECT_EQ(r.ids, (std::vector<int32_t>{4, 3, 5, 0, 1, 5, 1, 3, 5}));
@@ -272,7 +271,7 @@ TEST(RoutingTiny, ReplayFillsRowsBelowTAndLeavesTheRest) {
 TEST(RoutingTiny, NoTokensWritesNothing) {
   int32_t id = -3;
   float w = -3.0f;
-  route_topk_reference(routing_config(RoutingMethod::softmax_topk, 4, 2),
+  route_topk_reference(make_routing_config(RoutingMethod::softmax_topk, 4, 2),
                        TensorView::contiguous(nullptr, DType::f32, {0, 4}), {}, &id, &w);
   EXPECT_EQ(id, -3);
   EXPECT_EQ(w, -3.0f);
@@ -310,7 +309,7 @@ RoutingConfig random_config(std::mt19937& rng) {
   const int k = m == RoutingMethod::llama4 ? 1 : pick(1, std::min({32, e, topk_group * (e / n_group)}));
   const int s = pick(0, std::min(3, 32 - k));
   const float scale = pick(0, 1) ? 1.0f : 2.5f;
-  return routing_config(m, e, k, s, pick(0, 1) == 1, n_group, topk_group, scale);
+  return make_routing_config(m, e, k, s, pick(0, 1) == 1, n_group, topk_group, scale);
 }
 
 TEST(RoutingProperties, RandomCases) {
@@ -374,7 +373,7 @@ TEST(RoutingProperties, RandomCases) {
 // Large T runs on several threads; each token must come out exactly as when routed alone.
 TEST(RoutingProperties, ThreadedMatchesTokenByToken) {
   constexpr int kE = 64, kT = 1000;
-  const RoutingConfig cfg = routing_config(RoutingMethod::sigmoid_grouped, kE, 6, 1, true, 8, 3, 2.5f);
+  const RoutingConfig cfg = make_routing_config(RoutingMethod::sigmoid_grouped, kE, 6, 1, true, 8, 3, 2.5f);
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> dist(-3, 3);
   std::vector<float> logits(kT * kE), bias(kE);
@@ -408,46 +407,46 @@ std::string config_error(RoutingConfig c) {
 
 TEST(RoutingValidate, ConfigLimits) {
   using M = RoutingMethod;
-  EXPECT_EQ(config_error(routing_config(M::softmax_topk, 8, 9)),
+  EXPECT_EQ(config_error(make_routing_config(M::softmax_topk, 8, 9)),
             "moekit::route: top_k (9) must be <= num_experts (8)");
-  EXPECT_EQ(config_error(routing_config(M::softmax_topk, 8, 0)), "moekit::route: top_k (0) must be >= 1");
-  EXPECT_EQ(config_error(routing_config(M::softmax_topk, 64, 33)), "moekit::route: top_k (33) must be <= 32");
-  EXPECT_EQ(config_error(routing_config(M::softmax_topk, 0, 1)),
+  EXPECT_EQ(config_error(make_routing_config(M::softmax_topk, 8, 0)), "moekit::route: top_k (0) must be >= 1");
+  EXPECT_EQ(config_error(make_routing_config(M::softmax_topk, 64, 33)), "moekit::route: top_k (33) must be <= 32");
+  EXPECT_EQ(config_error(make_routing_config(M::softmax_topk, 0, 1)),
             "moekit::route: num_experts (0) must be in [1, 1024]");
-  EXPECT_EQ(config_error(routing_config(M::softmax_topk, 1025, 1)),
+  EXPECT_EQ(config_error(make_routing_config(M::softmax_topk, 1025, 1)),
             "moekit::route: num_experts (1025) must be in [1, 1024]");
-  EXPECT_EQ(config_error(routing_config(M::softmax_topk, 8, 2, -1)),
+  EXPECT_EQ(config_error(make_routing_config(M::softmax_topk, 8, 2, -1)),
             "moekit::route: num_shared_experts (-1) must be >= 0");
-  EXPECT_EQ(config_error(routing_config(M::softmax_topk, 64, 30, 3)),
+  EXPECT_EQ(config_error(make_routing_config(M::softmax_topk, 64, 30, 3)),
             "moekit::route: top_k + num_shared_experts (33) must be <= 32");
-  EXPECT_EQ(config_error(routing_config(M::sigmoid_grouped, 8, 2, 0, false, 0, 1)),
+  EXPECT_EQ(config_error(make_routing_config(M::sigmoid_grouped, 8, 2, 0, false, 0, 1)),
             "moekit::route: n_group (0) must be >= 1");
-  EXPECT_EQ(config_error(routing_config(M::sigmoid_grouped, 8, 2, 0, false, 3, 1)),
+  EXPECT_EQ(config_error(make_routing_config(M::sigmoid_grouped, 8, 2, 0, false, 3, 1)),
             "moekit::route: n_group (3) must divide num_experts (8)");
   EXPECT_EQ(
-      config_error(routing_config(M::softmax_topk, 8, 2, 0, false, 2, 1)),
+      config_error(make_routing_config(M::softmax_topk, 8, 2, 0, false, 2, 1)),
       "moekit::route: n_group (2) must be 1 for routing method softmax_topk (only sigmoid_grouped uses groups)");
-  EXPECT_EQ(config_error(routing_config(M::sigmoid_grouped, 8, 2, 0, false, 4, 5)),
+  EXPECT_EQ(config_error(make_routing_config(M::sigmoid_grouped, 8, 2, 0, false, 4, 5)),
             "moekit::route: topk_group (5) must be in [1, n_group (4)]");
-  EXPECT_EQ(config_error(routing_config(M::sigmoid_grouped, 8, 2, 0, false, 4, 0)),
+  EXPECT_EQ(config_error(make_routing_config(M::sigmoid_grouped, 8, 2, 0, false, 4, 0)),
             "moekit::route: topk_group (0) must be in [1, n_group (4)]");
-  EXPECT_EQ(config_error(routing_config(M::sigmoid_grouped, 8, 3, 0, false, 4, 1)),
+  EXPECT_EQ(config_error(make_routing_config(M::sigmoid_grouped, 8, 3, 0, false, 4, 1)),
             "moekit::route: top_k (3) must be <= the experts in the kept groups, topk_group * num_experts / n_group "
             "(1 * 8 / 4 = 2)");
-  EXPECT_EQ(config_error(routing_config(M::llama4, 8, 2)),
+  EXPECT_EQ(config_error(make_routing_config(M::llama4, 8, 2)),
             "moekit::route: top_k (2) must be 1 for routing method llama4");
-  EXPECT_EQ(config_error(routing_config(M::softmax_topk, 8, 2, 0, false, 1, 1, 0.0f)),
+  EXPECT_EQ(config_error(make_routing_config(M::softmax_topk, 8, 2, 0, false, 1, 1, 0.0f)),
             "moekit::route: routed_scaling_factor (0) must be finite and > 0");
-  EXPECT_EQ(config_error(routing_config(M::softmax_topk, 8, 2, 0, false, 1, 1, -1.5f)),
+  EXPECT_EQ(config_error(make_routing_config(M::softmax_topk, 8, 2, 0, false, 1, 1, -1.5f)),
             "moekit::route: routed_scaling_factor (-1.5) must be finite and > 0");
-  EXPECT_EQ(config_error(routing_config(M::softmax_topk, 8, 2, 0, false, 1, 1, kNaN)),
+  EXPECT_EQ(config_error(make_routing_config(M::softmax_topk, 8, 2, 0, false, 1, 1, kNaN)),
             "moekit::route: routed_scaling_factor (nan) must be finite and > 0");
-  EXPECT_EQ(config_error(routing_config(M::softmax_topk, 8, 2, 0, false, 1, 1, kInf)),
+  EXPECT_EQ(config_error(make_routing_config(M::softmax_topk, 8, 2, 0, false, 1, 1, kInf)),
             "moekit::route: routed_scaling_factor (inf) must be finite and > 0");
   // The limits themselves are accepted.
-  EXPECT_EQ(config_error(routing_config(M::softmax_topk, 1024, 32)), "no throw");
-  EXPECT_EQ(config_error(routing_config(M::sigmoid_grouped, 1024, 8, 24, true, 8, 4, 2.5f)), "no throw");
-  EXPECT_EQ(config_error(routing_config(M::sigmoid_grouped, 8, 2, 0, false, 4, 1)), "no throw");
+  EXPECT_EQ(config_error(make_routing_config(M::softmax_topk, 1024, 32)), "no throw");
+  EXPECT_EQ(config_error(make_routing_config(M::sigmoid_grouped, 1024, 8, 24, true, 8, 4, 2.5f)), "no throw");
+  EXPECT_EQ(config_error(make_routing_config(M::sigmoid_grouped, 8, 2, 0, false, 4, 1)), "no throw");
 }
 
 TEST(RoutingValidate, MethodNames) {
@@ -463,7 +462,7 @@ TEST(RoutingValidate, MethodNames) {
 // Tensors for one call: cfg E = 8, K = 2, logits [4, 8] fp32 on the CPU. The buffers are large enough for every
 // shape below; validation reads no data.
 struct ArgsFixture {
-  RoutingConfig cfg = routing_config(RoutingMethod::softmax_topk, 8, 2, 1);
+  RoutingConfig cfg = make_routing_config(RoutingMethod::softmax_topk, 8, 2, 1);
   std::vector<float> buf = std::vector<float>(256, 0.0f);
   std::vector<int16_t> replay_buf = std::vector<int16_t>(64, 0);
   TensorView logits = TensorView::contiguous(buf.data(), DType::f32, {4, 8});
@@ -543,22 +542,24 @@ TEST(RoutingValidate, ReferenceValidatesItsArguments) {
   std::vector<float> w(8);
   const TensorView lv = TensorView::contiguous(logits.data(), DType::f32, {2, 4});
   EXPECT_EQ(error_of([&] {
-              route_topk_reference(routing_config(RoutingMethod::softmax_topk, 4, 5), lv, {}, ids.data(), w.data());
+              route_topk_reference(make_routing_config(RoutingMethod::softmax_topk, 4, 5), lv, {}, ids.data(),
+                                   w.data());
             }),
             "moekit::route: top_k (5) must be <= num_experts (4)");
   EXPECT_EQ(error_of([&] {
-              route_topk_reference(routing_config(RoutingMethod::softmax_topk, 4, 2), lv, {}, nullptr, w.data());
+              route_topk_reference(make_routing_config(RoutingMethod::softmax_topk, 4, 2), lv, {}, nullptr, w.data());
             }),
             "moekit::route: topk_ids (null) must be non-null");
   EXPECT_EQ(error_of([&] {
-              route_topk_reference(routing_config(RoutingMethod::softmax_topk, 4, 2), lv, {}, ids.data(), nullptr);
+              route_topk_reference(make_routing_config(RoutingMethod::softmax_topk, 4, 2), lv, {}, ids.data(),
+                                   nullptr);
             }),
             "moekit::route: topk_weights (null) must be non-null");
   std::vector<int16_t> replay(2);
   const TensorView rv = TensorView::contiguous(replay.data(), DType::i16, {1, 2});
   EXPECT_EQ(error_of([&] {
-              route_topk_reference(routing_config(RoutingMethod::softmax_topk, 4, 2), lv, {}, ids.data(), w.data(),
-                                   rv);
+              route_topk_reference(make_routing_config(RoutingMethod::softmax_topk, 4, 2), lv, {}, ids.data(),
+                                   w.data(), rv);
             }),
             "moekit::route: replay rows (1) must be >= tokens (2)");
 }

@@ -57,6 +57,20 @@ struct ExpertConfig {
   void validate() const;
 };
 
+/// An expert config holding all E experts from its main fields in declaration order (for tables of
+/// configurations); the same as the designated initializer ExpertConfig{.num_experts = ..., ...}. Not validated.
+constexpr ExpertConfig make_expert_config(int num_experts, int top_k, int hidden, int intermediate,
+                                          int num_shared_experts = 0, Activation activation = Activation::silu_gated,
+                                          GateUpLayout gate_up = GateUpLayout::gate_first) {
+  return {.num_experts = num_experts,
+          .top_k = top_k,
+          .hidden = hidden,
+          .intermediate = intermediate,
+          .num_shared_experts = num_shared_experts,
+          .activation = activation,
+          .gate_up = gate_up};
+}
+
 /// Expert weights, bf16, K-contiguous. Optional biases are fp32 or bf16.
 struct ExpertWeights {
   TensorView w13;  // [E', 2I, H] bf16

@@ -58,6 +58,21 @@ struct RoutingConfig {
   void validate() const;
 };
 
+/// A routing config from its fields in declaration order (for tables of configurations); the same as the
+/// designated initializer RoutingConfig{.method = ..., .num_experts = ..., ...}. Not validated.
+constexpr RoutingConfig make_routing_config(RoutingMethod method, int num_experts, int top_k,
+                                            int num_shared_experts = 0, bool renormalize = false, int n_group = 1,
+                                            int topk_group = 1, float routed_scaling_factor = 1.0f) {
+  return {.method = method,
+          .num_experts = num_experts,
+          .top_k = top_k,
+          .num_shared_experts = num_shared_experts,
+          .renormalize = renormalize,
+          .n_group = n_group,
+          .topk_group = topk_group,
+          .routed_scaling_factor = routed_scaling_factor};
+}
+
 /// Validates one routing call's tensors against `cfg` (which is validated too):
 ///   logits [T, E] fp32/bf16, unit stride in E, row stride >= E, on `device`;
 ///   bias absent or [E] fp32/bf16 contiguous on `device`;

@@ -1,7 +1,8 @@
 // Timing harness: CUPTI activity records give each kernel's GPU start/end; every sample is delimited on the GPU by
 // the memset that opens it (the L2 flush of 2x its size, or a small marker), so kernels are summed per sample
-// whatever their number (the union of their intervals: overlapping dependent launches count once). Graph time replays a captured graph of
-// several calls and divides. Ceilings: a 1 GiB device copy (bytes read + written), an empty kernel.
+// whatever their number (the union of their intervals: overlapping dependent launches count once). Graph time replays
+// a captured graph of several calls and divides. Ceilings: a 1 GiB device copy (bytes read + written), an empty
+// kernel.
 #include <algorithm>
 #include <cmath>
 #include <map>

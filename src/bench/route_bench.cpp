@@ -20,32 +20,17 @@
 #endif
 
 namespace moekit::bench {
-namespace {
-
-RoutingConfig routing(RoutingMethod m, int e, int k, bool renorm, int ng, int tg, float scale) {
-  RoutingConfig c;
-  c.method = m;
-  c.num_experts = e;
-  c.top_k = k;
-  c.renormalize = renorm;
-  c.n_group = ng;
-  c.topk_group = tg;
-  c.routed_scaling_factor = scale;
-  return c;
-}
-
-}  // namespace
 
 std::vector<RouteCase> route_fixtures(std::string_view name) {
   std::vector<RouteCase> v;
   if (name == "seed6") {
     const int tkb[6][3] = {{32, 8, 16}, {128, 8, 16}, {8, 10, 8}, {128, 10, 8}, {512, 10, 8}, {16384, 10, 8}};
     for (const auto& x : tkb)
-      v.push_back({"seed6", routing(RoutingMethod::softmax_topk, 512, x[1], false, 1, 1, 1.0f), x[0], x[2]});
+      v.push_back({"seed6", make_routing_config(RoutingMethod::softmax_topk, 512, x[1]), x[0], x[2]});
   } else if (name == "dsv3") {
     for (int64_t t : {1, 64, 1024, 16384})
-      v.push_back(
-          {"dsv3", routing(RoutingMethod::sigmoid_grouped, 256, 8, true, 8, 4, 2.5f), t, 64, DType::f32, true});
+      v.push_back({"dsv3", make_routing_config(RoutingMethod::sigmoid_grouped, 256, 8, 0, true, 8, 4, 2.5f), t, 64,
+                   DType::f32, true});
   } else {
     throw InvalidArgument("bench", fmt::format("fixtures ('{}') must be one of: seed6, dsv3", name));
   }

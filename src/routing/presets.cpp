@@ -10,51 +10,29 @@
 namespace moekit {
 namespace {
 
-constexpr RoutingConfig routing(RoutingMethod m, int e, int k, int s, bool renorm, int n_group = 1,
-                                int topk_group = 1, float scale = 1.0f) {
-  RoutingConfig r;
-  r.method = m;
-  r.num_experts = e;
-  r.top_k = k;
-  r.num_shared_experts = s;
-  r.renormalize = renorm;
-  r.n_group = n_group;
-  r.topk_group = topk_group;
-  r.routed_scaling_factor = scale;
-  return r;
-}
-
-constexpr ExpertConfig experts(int e, int k, int h, int i, int s, Activation act = Activation::silu_gated,
-                               GateUpLayout layout = GateUpLayout::gate_first) {
-  ExpertConfig c;
-  c.num_experts = e;
-  c.top_k = k;
-  c.hidden = h;
-  c.intermediate = i;
-  c.num_shared_experts = s;
-  c.activation = act;
-  c.gate_up = layout;
-  return c;
-}
-
 const std::array<Preset, 7> kPresets{{
-    {"mixtral-8x7b", "Mixtral 8x7B: softmax top-2, renormalized", routing(RoutingMethod::softmax_topk, 8, 2, 0, true),
-     experts(8, 2, 4096, 14336, 0), false, false, 128},
+    {"mixtral-8x7b", "Mixtral 8x7B: softmax top-2, renormalized",
+     make_routing_config(RoutingMethod::softmax_topk, 8, 2, 0, true), make_expert_config(8, 2, 4096, 14336, 0), false,
+     false, 128},
     {"qwen3-30b-a3b", "Qwen3-30B-A3B: top-8 of 128 with softmax over the selected",
-     routing(RoutingMethod::topk_softmax, 128, 8, 0, true), experts(128, 8, 2048, 768, 0), false, false, 64},
+     make_routing_config(RoutingMethod::topk_softmax, 128, 8, 0, true), make_expert_config(128, 8, 2048, 768, 0),
+     false, false, 64},
     {"deepseek-v3", "DeepSeek-V3/R1: sigmoid + bias, 8 groups keep 4, top-8 of 256, scale 2.5, 1 shared expert",
-     routing(RoutingMethod::sigmoid_grouped, 256, 8, 1, true, 8, 4, 2.5f), experts(256, 8, 7168, 2048, 1), true,
-     false, 64},
+     make_routing_config(RoutingMethod::sigmoid_grouped, 256, 8, 1, true, 8, 4, 2.5f),
+     make_expert_config(256, 8, 7168, 2048, 1), true, false, 64},
     {"qwen3-next-80b", "Qwen3-Next-80B-A3B: top-10 of 512 with softmax over the selected",
-     routing(RoutingMethod::topk_softmax, 512, 10, 0, true), experts(512, 10, 2048, 512, 0), false, false, 64},
+     make_routing_config(RoutingMethod::topk_softmax, 512, 10, 0, true), make_expert_config(512, 10, 2048, 512, 0),
+     false, false, 64},
     {"gpt-oss-120b", "GPT-OSS-120B: top-4 of 128, clamped SwiGLU, interleaved gate/up, expert biases",
-     routing(RoutingMethod::topk_softmax, 128, 4, 0, true),
-     experts(128, 4, 2880, 2880, 0, Activation::swiglu_clamped, GateUpLayout::interleaved), false, true, 64},
+     make_routing_config(RoutingMethod::topk_softmax, 128, 4, 0, true),
+     make_expert_config(128, 4, 2880, 2880, 0, Activation::swiglu_clamped, GateUpLayout::interleaved), false, true,
+     64},
     {"kimi-k2", "Kimi-K2: sigmoid + bias, top-8 of 384 in one group, scale 2.827, 1 shared expert",
-     routing(RoutingMethod::sigmoid_grouped, 384, 8, 1, true, 1, 1, 2.827f), experts(384, 8, 7168, 2048, 1), true,
-     false, 64},
+     make_routing_config(RoutingMethod::sigmoid_grouped, 384, 8, 1, true, 1, 1, 2.827f),
+     make_expert_config(384, 8, 7168, 2048, 1), true, false, 64},
     {"llama4-scout", "Llama-4 Scout: top-1 of 16 with a sigmoid weight, 1 shared expert",
-     routing(RoutingMethod::llama4, 16, 1, 1, false), experts(16, 1, 5120, 8192, 1), false, false, 64},
+     make_routing_config(RoutingMethod::llama4, 16, 1, 1, false), make_expert_config(16, 1, 5120, 8192, 1), false,
+     false, 64},
 }};
 
 }  // namespace

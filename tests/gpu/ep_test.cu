@@ -22,7 +22,6 @@
 #include "moekit/error.h"
 #include "moekit/expert_parallel.h"
 #include "moekit/plan.h"
-#include "test_support.h"
 
 namespace moekit {
 namespace {
@@ -65,11 +64,13 @@ struct GpuCase {
 std::vector<GpuCase> gpu_cases() {
   return {
       {"dsv3-like sigmoid_grouped E16 K4 S1 bias",
-       routing_config(RoutingMethod::sigmoid_grouped, 16, 4, 1, true, 4, 2, 2.5f), 256, 128, 200, 64, true},
-      {"softmax_topk E13 K3 uneven, bf16 logits", routing_config(RoutingMethod::softmax_topk, 13, 3, 0, true), 128,
-       64, 64, 16, false, DType::bf16},
-      {"softmax_topk E4 K3 (E - L < K)", routing_config(RoutingMethod::softmax_topk, 4, 3, 0, true), 128, 64, 19, 16},
-      {"topk_softmax E8 K2 S1 one token", routing_config(RoutingMethod::topk_softmax, 8, 2, 1, true), 128, 64, 1, 16},
+       make_routing_config(RoutingMethod::sigmoid_grouped, 16, 4, 1, true, 4, 2, 2.5f), 256, 128, 200, 64, true},
+      {"softmax_topk E13 K3 uneven, bf16 logits", make_routing_config(RoutingMethod::softmax_topk, 13, 3, 0, true),
+       128, 64, 64, 16, false, DType::bf16},
+      {"softmax_topk E4 K3 (E - L < K)", make_routing_config(RoutingMethod::softmax_topk, 4, 3, 0, true), 128, 64, 19,
+       16},
+      {"topk_softmax E8 K2 S1 one token", make_routing_config(RoutingMethod::topk_softmax, 8, 2, 1, true), 128, 64, 1,
+       16},
   };
 }
 
@@ -321,7 +322,7 @@ TEST(GpuEp, ArgumentChecks) {
   a.experts.top_k = 1;
   a.experts.hidden = 8;
   a.experts.intermediate = 8;
-  a.routing = routing_config(RoutingMethod::softmax_topk, 4, 1, 0, false);
+  a.routing = make_routing_config(RoutingMethod::softmax_topk, 4, 1, 0, false);
   a.max_tokens = 4;
   try {
     EpLayer layer(a, empty);
@@ -339,7 +340,7 @@ TEST(GpuEp, ArgumentChecks) {
   }
   // A rank whose weights hold the whole layer instead of its share is rejected by the weight validation.
   std::vector<Communicator> comms = Communicator::init_all(1);
-  a.routing = routing_config(RoutingMethod::softmax_topk, 4, 1, 0, false);
+  a.routing = make_routing_config(RoutingMethod::softmax_topk, 4, 1, 0, false);
   DeviceBuffer d13(4 * 16 * 8 * 2, 0), d2(4 * 8 * 8 * 2, 0);
   a.weights.w13 = TensorView::contiguous(d13.data(), DType::bf16, {3, 16, 8}, Device::cuda(0));
   a.weights.w2 = TensorView::contiguous(d2.data(), DType::bf16, {3, 8, 8}, Device::cuda(0));

@@ -21,7 +21,6 @@
 #include "moekit/routing.h"
 #include "routing/cuda/route_cuda.h"
 #include "routing/routing_math.h"
-#include "test_support.h"
 
 namespace moekit {
 namespace {
@@ -303,96 +302,97 @@ std::vector<Case> cases() {
   using M = RoutingMethod;
   std::vector<Case> v;
   auto add = [&](Case c) { v.push_back(std::move(c)); };
-  add({"seed6_t32", routing_config(M::softmax_topk, 512, 8), 32, 16});
-  add({"seed6_t8_k10", routing_config(M::softmax_topk, 512, 10), 8, 8});
-  add({"seed6_t512_k10", routing_config(M::softmax_topk, 512, 10), 512, 8});
-  add({"seed6_t16384", routing_config(M::softmax_topk, 512, 10), 16384, 8});
+  add({"seed6_t32", make_routing_config(M::softmax_topk, 512, 8), 32, 16});
+  add({"seed6_t8_k10", make_routing_config(M::softmax_topk, 512, 10), 8, 8});
+  add({"seed6_t512_k10", make_routing_config(M::softmax_topk, 512, 10), 512, 8});
+  add({"seed6_t16384", make_routing_config(M::softmax_topk, 512, 10), 16384, 8});
   for (int64_t t : {1, 64, 1024, 16384}) {
-    Case c{"dsv3_t" + std::to_string(t), routing_config(M::sigmoid_grouped, 256, 8, 0, true, 8, 4, 2.5f), t, 64};
+    Case c{"dsv3_t" + std::to_string(t), make_routing_config(M::sigmoid_grouped, 256, 8, 0, true, 8, 4, 2.5f), t, 64};
     c.bias = true;
     add(c);
   }
-  add({"one_token_softmax_renorm", routing_config(M::softmax_topk, 64, 6, 0, true), 1, 1});
-  add({"ragged_topk_softmax_bf16", routing_config(M::topk_softmax, 128, 8, 0, true), 333, 64, DType::bf16});
-  add({"llama4_shared", routing_config(M::llama4, 16, 1, 1), 77, 1});
+  add({"one_token_softmax_renorm", make_routing_config(M::softmax_topk, 64, 6, 0, true), 1, 1});
+  add({"ragged_topk_softmax_bf16", make_routing_config(M::topk_softmax, 128, 8, 0, true), 333, 64, DType::bf16});
+  add({"llama4_shared", make_routing_config(M::llama4, 16, 1, 1), 77, 1});
   {
-    Case c{"pre_scored_nonpow2_e60", routing_config(M::pre_scored, 60, 6, 0, true), 1000, 7};
+    Case c{"pre_scored_nonpow2_e60", make_routing_config(M::pre_scored, 60, 6, 0, true), 1000, 7};
     c.dist = Dist::positive;
     add(c);
   }
-  add({"e1024_k32_fp32_b256", routing_config(M::softmax_topk, 1024, 32), 300, 256});
-  add({"e1024_k32_bf16", routing_config(M::topk_softmax, 1024, 32), 100, 32, DType::bf16});
+  add({"e1024_k32_fp32_b256", make_routing_config(M::softmax_topk, 1024, 32), 300, 256});
+  add({"e1024_k32_bf16", make_routing_config(M::topk_softmax, 1024, 32), 100, 32, DType::bf16});
   {
-    Case c{"k30_s2_grouped_b3", routing_config(M::sigmoid_grouped, 64, 30, 2, true, 4, 2), 129, 3};
+    Case c{"k30_s2_grouped_b3", make_routing_config(M::sigmoid_grouped, 64, 30, 2, true, 4, 2), 129, 3};
     c.bias = true;
     c.bias_dtype = DType::bf16;
     add(c);
   }
   {
-    Case c{"ties_01", routing_config(M::softmax_topk, 256, 8), 500, 16};
+    Case c{"ties_01", make_routing_config(M::softmax_topk, 256, 8), 500, 16};
     c.dist = Dist::ties;
     add(c);
   }
   {
-    Case c{"ties_coarse_grouped", routing_config(M::sigmoid_grouped, 256, 8, 1, true, 8, 4, 2.5f), 700, 64};
+    Case c{"ties_coarse_grouped", make_routing_config(M::sigmoid_grouped, 256, 8, 1, true, 8, 4, 2.5f), 700, 64};
     c.dist = Dist::coarse;
     add(c);
   }
   {
-    Case c{"one_hot_expert", routing_config(M::softmax_topk, 512, 4), 4096, 128};
+    Case c{"one_hot_expert", make_routing_config(M::softmax_topk, 512, 4), 4096, 128};
     c.dist = Dist::hot;
     add(c);
   }
-  add({"empty_experts_e1000", routing_config(M::topk_softmax, 1000, 2), 3, 256});
+  add({"empty_experts_e1000", make_routing_config(M::topk_softmax, 1000, 2), 3, 256});
   {
-    Case c{"stride_unaligned_fp32", routing_config(M::softmax_topk, 256, 8, 0, true), 200, 16};
+    Case c{"stride_unaligned_fp32", make_routing_config(M::softmax_topk, 256, 8, 0, true), 200, 16};
     c.stride_pad = 7;
     add(c);
   }
   {
-    Case c{"stride_bf16_e250", routing_config(M::sigmoid_grouped, 250, 6, 0, false, 5, 2), 150, 8, DType::bf16};
+    Case c{"stride_bf16_e250", make_routing_config(M::sigmoid_grouped, 250, 6, 0, false, 5, 2), 150, 8, DType::bf16};
     c.stride_pad = 14;
     c.bias = true;
     add(c);
   }
-  add({"e1_k1", routing_config(M::softmax_topk, 1, 1), 40, 1});
-  add({"k_equals_e", routing_config(M::topk_softmax, 3, 3, 1), 50, 2});
+  add({"e1_k1", make_routing_config(M::softmax_topk, 1, 1), 40, 1});
+  add({"k_equals_e", make_routing_config(M::topk_softmax, 3, 3, 1), 50, 2});
   {
-    Case c{"kimi_one_group_bf16_b1", routing_config(M::sigmoid_grouped, 384, 8, 1, true, 1, 1, 2.827f), 600, 1,
+    Case c{"kimi_one_group_bf16_b1", make_routing_config(M::sigmoid_grouped, 384, 8, 1, true, 1, 1, 2.827f), 600, 1,
            DType::bf16};
     c.bias = true;
     add(c);
   }
   {
-    Case c{"groups_32", routing_config(M::sigmoid_grouped, 256, 4, 0, false, 32, 3), 300, 16};
+    Case c{"groups_32", make_routing_config(M::sigmoid_grouped, 256, 4, 0, false, 32, 3), 300, 16};
     add(c);
   }
   {
-    Case c{"groups_64", routing_config(M::sigmoid_grouped, 256, 8, 0, true, 64, 5), 300, 16};
+    Case c{"groups_64", make_routing_config(M::sigmoid_grouped, 256, 8, 0, true, 64, 5), 300, 16};
     c.bias = true;
     add(c);
   }
-  add({"no_replay_b256", routing_config(M::softmax_topk, 512, 10), 2000, 256});
+  add({"no_replay_b256", make_routing_config(M::softmax_topk, 512, 10), 2000, 256});
   v.back().replay = false;
-  add({"single_cta_edge_t16", routing_config(M::topk_softmax, 96, 5, 1, false), 16, 4});
-  add({"first_grid_t17", routing_config(M::topk_softmax, 96, 5, 1, false), 17, 4});
+  add({"single_cta_edge_t16", make_routing_config(M::topk_softmax, 96, 5, 1, false), 16, 4});
+  add({"first_grid_t17", make_routing_config(M::topk_softmax, 96, 5, 1, false), 17, 4});
   {
-    Case c{"lane_crowded_e512_k10", routing_config(M::softmax_topk, 512, 10), 200, 8};
+    Case c{"lane_crowded_e512_k10", make_routing_config(M::softmax_topk, 512, 10), 200, 8};
     c.dist = Dist::lane_crowded;
     add(c);
   }
   {
-    Case c{"lane_crowded_bf16_e1024_k32", routing_config(M::softmax_topk, 1024, 32, 0, true), 70, 16, DType::bf16};
+    Case c{"lane_crowded_bf16_e1024_k32", make_routing_config(M::softmax_topk, 1024, 32, 0, true), 70, 16,
+           DType::bf16};
     c.dist = Dist::lane_crowded;
     add(c);
   }
   {
-    Case c{"nan_logits_topk_softmax", routing_config(M::topk_softmax, 64, 8, 0, true), 90, 8};
+    Case c{"nan_logits_topk_softmax", make_routing_config(M::topk_softmax, 64, 8, 0, true), 90, 8};
     c.dist = Dist::nan;
     add(c);
   }
   for (int ctas : {1, 3, 7, 64, 1000}) {
-    Case c{"forced_ctas_" + std::to_string(ctas), routing_config(M::softmax_topk, 160, 6, 1, true), 2500, 16};
+    Case c{"forced_ctas_" + std::to_string(ctas), make_routing_config(M::softmax_topk, 160, 6, 1, true), 2500, 16};
     c.ctas = ctas;
     add(c);
   }
@@ -416,7 +416,7 @@ TEST_F(GpuRoute, MatchesReference) {
 TEST_F(GpuRoute, ReusedPlanAcrossGrids) {
   const uint64_t seed = base_seed() + 2000;
   std::printf("[ seed     ] MOEKIT_TEST_SEED=%llu (reuse: +2000)\n", static_cast<unsigned long long>(seed - 2000));
-  const RoutingConfig cfg = routing_config(RoutingMethod::softmax_topk, 128, 4, 0, true);
+  const RoutingConfig cfg = make_routing_config(RoutingMethod::softmax_topk, 128, 4, 0, true);
   const int64_t max_t = 4000;
   RoutePlan plan(PlanShape{max_t, 128, 4, 0, 8}, Device::cuda());
   DeviceBuffer d_logits(max_t * 128 * 4);
@@ -451,7 +451,7 @@ TEST_F(GpuRoute, ReusedPlanAcrossGrids) {
 TEST_F(GpuRoute, GraphReplayWithNewLogits) {
   const uint64_t seed = base_seed() + 1000;
   std::printf("[ seed     ] MOEKIT_TEST_SEED=%llu (graph: +1000)\n", static_cast<unsigned long long>(seed - 1000));
-  RoutingConfig cfg = routing_config(RoutingMethod::sigmoid_grouped, 256, 8, 1, true, 8, 4, 2.5f);
+  RoutingConfig cfg = make_routing_config(RoutingMethod::sigmoid_grouped, 256, 8, 1, true, 8, 4, 2.5f);
   const int64_t max_t = 3000;
   const PlanShape shape{max_t, 256, 8, 1, 64};
   RoutePlan plan(shape, Device::cuda());

@@ -54,7 +54,8 @@ __global__ void __launch_bounds__(kRowThreads) activation_rows_kernel(Activation
 }
 
 constexpr int kCombineThreads = 128;
-constexpr int kCombineBatch = 8;  // slots whose rows are loaded before any is added (latency, not bandwidth, at small T)
+// Slots whose rows are loaded before any is added (latency, not bandwidth, rules at small T).
+constexpr int kCombineBatch = 8;
 
 // One CTA per (token, kCombineThreads * 8 columns): several CTAs per token keep a single token's latency short.
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams p) {
@@ -81,9 +82,8 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
 #pragma unroll
     for (int b = 0; b < kCombineBatch; ++b) {
       const int j = j0 + b;
-      v[b] = j < kt && s_expert[j] >= 0
-                 ? *reinterpret_cast<const uint4*>(y + static_cast<int64_t>(s_row[j]) * h + c0)
-                 : make_uint4(0, 0, 0, 0);
+      v[b] = j < kt && s_expert[j] >= 0 ? *reinterpret_cast<const uint4*>(y + static_cast<int64_t>(s_row[j]) * h + c0)
+                                        : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int b = 0; b < kCombineBatch; ++b) {  // slot order: the sum is deterministic
