@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "moekit/experts.h"
+#include "moekit/presets.h"
 #include "moekit/routing.h"
 #include "moekit/tensor.h"
 #include "moekit/tuner.h"
@@ -71,6 +72,9 @@ struct LayerSpec {
   /// the expert config's. Throws InvalidArgument (op of the failing config, "layer" for a disagreement).
   void validate() const;
 };
+
+/// The layer of a preset: its routing and expert configs, bf16, and the biases it has. Not validated.
+LayerSpec preset_layer_spec(const Preset& preset);
 
 /// A layer's tensors. The caller owns them and keeps them alive as long as the layer (runners may keep views).
 struct LayerWeights {

@@ -106,6 +106,15 @@ void QuantConfig::validate() const {
                                       weight_only ? ", a weight-only format" : ""));
 }
 
+LayerSpec preset_layer_spec(const Preset& preset) {
+  LayerSpec s;
+  s.experts = preset.experts;
+  s.routing = preset.routing;
+  s.expert_biases = preset.has_expert_biases;
+  s.routing_bias = preset.has_bias;
+  return s;
+}
+
 void LayerSpec::validate() const {
   experts.validate();
   routing.validate();

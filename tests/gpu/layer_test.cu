@@ -54,15 +54,11 @@ std::string error_of(const std::function<void()>& f) {
 // A reduced version of a preset: same routing rules, K, S, activation, layout and biases; at most 32 experts
 // (a multiple of n_group), H = 264 and I = 136 (not multiples of 64: K and N tails in both GEMMs).
 LayerSpec reduced_spec(const Preset& p) {
-  LayerSpec s;
-  s.routing = p.routing;
-  s.experts = p.experts;
+  LayerSpec s = preset_layer_spec(p);
   const int e = std::min(p.routing.num_experts, 32);
   s.routing.num_experts = s.experts.num_experts = e;
   s.experts.hidden = 264;
   s.experts.intermediate = 136;
-  s.expert_biases = p.has_expert_biases;
-  s.routing_bias = p.has_bias;
   s.validate();
   return s;
 }

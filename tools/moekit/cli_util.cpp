@@ -1,7 +1,11 @@
-// CLI helpers: splitmix64 uniform fills (chunked so threads do not change the values), list parsing, checksums.
+// CLI helpers: splitmix64 uniform fills (chunked so threads do not change the values), list parsing, checksums,
+// JSON output files.
 #include "cli_util.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <fstream>
 #include <thread>
 
 #include "moekit/dtype.h"
@@ -82,6 +86,13 @@ Checksum checksum_bf16(const uint16_t* data, int64_t n) {
     c.abs_sum += v < 0 ? -v : v;
   }
   return c;
+}
+
+void write_json_file(const std::string& op, const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text << "\n";
+  f.flush();
+  if (!f) throw InvalidArgument(op, fmt::format("json path ({}) must be writable", path));
 }
 
 }  // namespace moekit::cli

@@ -1,4 +1,5 @@
-// Small helpers shared by the CLI's subcommands: deterministic random fills, token-list parsing, checksums.
+// Small helpers shared by the CLI's subcommands: deterministic random fills, token-list parsing, checksums,
+// JSON files.
 #pragma once
 
 #include <cstdint>
@@ -16,6 +17,10 @@ void fill_uniform_bf16(uint16_t* out, int64_t n, uint64_t seed, float lo, float 
 
 /// Parses "1,16,64" into numbers. Throws InvalidArgument (op `op`) naming a bad entry.
 std::vector<int64_t> parse_int_list(const std::string& op, const std::string& text);
+
+/// Writes `text` and a newline to the file at `path` (a --json option). Throws InvalidArgument (op `op`) when the
+/// file cannot be written.
+void write_json_file(const std::string& op, const std::string& path, const std::string& text);
 
 /// Sum and sum of absolute values (in double) of bf16 values: a checksum that is stable across runs.
 struct Checksum {

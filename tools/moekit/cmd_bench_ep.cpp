@@ -4,11 +4,11 @@
 #include <fmt/format.h>
 
 #include <cstdio>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "moekit/error.h"
 #include "moekit/expert_parallel.h"
@@ -90,11 +90,7 @@ void add_bench_ep_command(CLI::App& bench) {
     find_preset(o.preset);  // a bad name is reported before any device setup
     const EpBenchReport report = bench_ep(o);
     print_table(report);
-    if (!opts->json.empty()) {
-      std::ofstream f(opts->json);
-      if (!f) throw InvalidArgument("bench", fmt::format("json path ({}) must be writable", opts->json));
-      f << to_json(report).dump(2) << "\n";
-    }
+    if (!opts->json.empty()) write_json_file("bench", opts->json, to_json(report).dump(2));
   });
 }
 

@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -175,11 +174,7 @@ void run_tuned(const BenchMoeCli& o) {
   for (int64_t t : tokens)
     if (t < 1) throw InvalidArgument("bench", fmt::format("tokens ({}) must be >= 1", t));
   if (o.samples < 1) throw InvalidArgument("bench", fmt::format("samples ({}) must be >= 1", o.samples));
-  LayerSpec spec;
-  spec.experts = preset.experts;
-  spec.routing = preset.routing;
-  spec.expert_biases = preset.has_expert_biases;
-  spec.routing_bias = preset.has_bias;
+  const LayerSpec spec = preset_layer_spec(preset);
   register_cuda_runners();
   std::unique_ptr<Runner> gpu = make_runner("cuda_bf16");
   if (const Support s = gpu->check_support(spec, Device::cuda(0)); !s.ok)
@@ -268,9 +263,7 @@ void run_tuned(const BenchMoeCli& o) {
                            {"timings", x.timings},
                            {"default_err", x.default_err},
                            {"tuned_err", x.tuned_err}});
-    std::ofstream f(o.json);
-    if (!f) throw InvalidArgument("bench", fmt::format("json path ({}) must be writable", o.json));
-    f << j.dump(2) << "\n";
+    write_json_file("bench", o.json, j.dump(2));
   }
 }
 
@@ -307,11 +300,7 @@ void add_bench_moe_command(CLI::App& bench) {
     bench::Harness harness;
     const MoeBenchReport report = bench_moe(harness, o);
     print_table(report);
-    if (!opts->json.empty()) {
-      std::ofstream f(opts->json);
-      if (!f) throw InvalidArgument("bench", fmt::format("json path ({}) must be writable", opts->json));
-      f << to_json(report).dump(2) << "\n";
-    }
+    if (!opts->json.empty()) write_json_file("bench", opts->json, to_json(report).dump(2));
   });
 }
 

@@ -3,10 +3,10 @@
 // or one custom case (--experts/--top-k/--tokens/--block/--method ...); --verify-only checks without timing.
 #include <fmt/format.h>
 
-#include <fstream>
 #include <string>
 #include <vector>
 
+#include "cli_util.h"
 #include "commands.h"
 #include "moekit/bench.h"
 #include "moekit/error.h"
@@ -59,11 +59,7 @@ void run(const BenchRouteArgs& a) {
   opt.timing.samples = a.samples;
   opt.ctas = a.ctas;
   const std::vector<bench::RouteResult> results = bench::bench_route(harness, cases, opt, ceilings);
-  if (!a.json.empty()) {
-    std::ofstream f(a.json);
-    f << bench::route_json(results, ceilings) << "\n";
-    if (!f) throw InvalidArgument("bench", fmt::format("json path ('{}') must be writable", a.json));
-  }
+  if (!a.json.empty()) write_json_file("bench", a.json, bench::route_json(results, ceilings));
   fmt::print("{}", bench::route_markdown(results, ceilings));
   for (const bench::RouteResult& r : results)
     if (!r.verified) throw Internal("bench", "route plan differs from the CPU reference: " + r.mismatch);

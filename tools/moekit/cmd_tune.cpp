@@ -113,11 +113,7 @@ void run_tune(const TuneCliOptions& o) {
   const Device device = parse_device(o.device);
   const TuneOptions options{parse_mode(o.mode), parse_progress(o.progress), stderr};
 
-  LayerSpec spec;
-  spec.experts = preset.experts;
-  spec.routing = preset.routing;
-  spec.expert_biases = preset.has_expert_biases;
-  spec.routing_bias = preset.has_bias;
+  const LayerSpec spec = preset_layer_spec(preset);
   register_cuda_runners();
   const std::vector<std::string> backends = split_commas(o.backends);
   RunnerSelection selection = select_runner(spec, device, backends);
