@@ -48,6 +48,19 @@ TEST(DType, Bf16RoundsToNearestEven) {
   EXPECT_TRUE(std::isinf(bf16_to_float(float_to_bf16(INFINITY))));
 }
 
+// Values exact in bf16, so the expected errors are worked by hand: got = want + (0, 0, 1) with want = (1, 2, 2)
+// gives ||d|| / ||want|| = 1 / 3.
+TEST(DType, RelativeFrobeniusBf16) {
+  const uint16_t want[3] = {float_to_bf16(1.0f), float_to_bf16(2.0f), float_to_bf16(2.0f)};
+  const uint16_t got[3] = {float_to_bf16(1.0f), float_to_bf16(2.0f), float_to_bf16(3.0f)};
+  EXPECT_DOUBLE_EQ(relative_frobenius_bf16(got, want, 3), 1.0 / 3.0);
+  EXPECT_EQ(relative_frobenius_bf16(want, want, 3), 0.0);
+  const uint16_t zero[3] = {0, 0, 0};
+  EXPECT_DOUBLE_EQ(relative_frobenius_bf16(got, zero, 3), std::sqrt(14.0));  // absolute norm when want is zero
+  const uint16_t nan[3] = {float_to_bf16(1.0f), float_to_bf16(std::nanf("")), float_to_bf16(2.0f)};
+  EXPECT_TRUE(std::isnan(relative_frobenius_bf16(nan, want, 3)));
+}
+
 TEST(TensorView, ContiguousShapeAndStrides) {
   float buf[24];
   TensorView v = TensorView::contiguous(buf, DType::f32, {2, 3, 4});

@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "core/compare.h"
 #include "moekit/error.h"
 #include "moekit/expert_parallel.h"
 #include "moekit/experts.h"

@@ -2,6 +2,7 @@
 // formats (round-to-nearest-even, NaN preserved) used by the CPU reference and the tests.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <string_view>
@@ -54,6 +55,18 @@ inline uint16_t float_to_bf16(float f) {
 /// Rounds a float to the nearest bf16 value and back.
 inline float round_to_bf16(float f) {
   return bf16_to_float(float_to_bf16(f));
+}
+
+/// ||got - want|| / ||want|| (Frobenius) over n bf16 values, in double: the accuracy measure of every moekit check
+/// and benchmark (DESIGN §10). The absolute norm when `want` is all zero; NaN in `got` gives NaN (fails any <=).
+inline double relative_frobenius_bf16(const uint16_t* got, const uint16_t* want, int64_t n) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = bf16_to_float(got[i]), w = bf16_to_float(want[i]);
+    num += (g - w) * (g - w);
+    den += w * w;
+  }
+  return den > 0 ? std::sqrt(num / den) : std::sqrt(num);
 }
 
 }  // namespace moekit

@@ -193,13 +193,7 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
     }
     experts_reference(cfg, hwv, TensorView::contiguous(hx.data(), DType::bf16, {t, h}), hplan.view(),
                       TensorView::contiguous(want.data(), DType::bf16, {t, h}));
-    double num = 0, den = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      const double a = bf16_to_float(got[i]), b = bf16_to_float(want[i]);
-      num += (a - b) * (a - b);
-      den += b * b;
-    }
-    const double err = std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+    const double err = relative_frobenius_bf16(got.data(), want.data(), static_cast<int64_t>(want.size()));
     if (!(err <= 1e-2))
       throw Internal("bench", fmt::format("verification of tactic {}/{} at T={} failed: relative Frobenius error "
                                           "({:.3g}) must be <= 1e-2",

@@ -20,7 +20,6 @@
 #if MOEKIT_HAS_CUDA
 #include <cuda_runtime_api.h>
 
-#include "core/compare.h"
 #include "parallel/ep_bookkeeping.h"
 #include "parallel/ep_kernels.h"
 #endif

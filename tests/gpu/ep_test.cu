@@ -16,7 +16,6 @@
 #include <string>
 #include <vector>
 
-#include "core/compare.h"
 #include "moekit/cuda_experts.h"
 #include "moekit/device.h"
 #include "moekit/error.h"

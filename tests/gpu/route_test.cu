@@ -123,6 +123,16 @@ template <class T>
   return ::testing::AssertionSuccess();
 }
 
+// Every plan array past the top-k ids and weights, exactly.
+void expect_same_plan(const PlanHost& got, const PlanHost& want) {
+  EXPECT_TRUE(same("expert_counts", got.counts, want.counts));
+  EXPECT_TRUE(same("expert_offsets", got.offsets, want.offsets));
+  EXPECT_TRUE(same("sorted_slots", got.sorted, want.sorted));
+  EXPECT_TRUE(same("slot_rows", got.rows, want.rows));
+  EXPECT_TRUE(same("block_experts", got.blocks, want.blocks));
+  EXPECT_TRUE(same("extent", got.extent, want.extent));
+}
+
 // Inputs of one case on the host (fp32 values exactly representable in the case's dtype) and on the device.
 struct Inputs {
   int64_t stride = 0;
@@ -289,12 +299,7 @@ void check_case(const Case& c, uint64_t seed) {
   } else {
     EXPECT_TRUE(close(got.weights, want.weights));
   }
-  EXPECT_TRUE(same("expert_counts", got.counts, want.counts));
-  EXPECT_TRUE(same("expert_offsets", got.offsets, want.offsets));
-  EXPECT_TRUE(same("sorted_slots", got.sorted, want.sorted));
-  EXPECT_TRUE(same("slot_rows", got.rows, want.rows));
-  EXPECT_TRUE(same("block_experts", got.blocks, want.blocks));
-  EXPECT_TRUE(same("extent", got.extent, want.extent));
+  expect_same_plan(got, want);
   if (c.replay) EXPECT_TRUE(same("replay", replay_got, replay_ref));
 }
 
@@ -438,12 +443,7 @@ TEST_F(GpuRoute, ReusedPlanAcrossGrids) {
     const PlanHost want = read_plan(ref.view(), T, false);
     EXPECT_TRUE(same("topk_ids", got.ids, want.ids));
     EXPECT_TRUE(close(got.weights, want.weights));
-    EXPECT_TRUE(same("expert_counts", got.counts, want.counts));
-    EXPECT_TRUE(same("expert_offsets", got.offsets, want.offsets));
-    EXPECT_TRUE(same("sorted_slots", got.sorted, want.sorted));
-    EXPECT_TRUE(same("slot_rows", got.rows, want.rows));
-    EXPECT_TRUE(same("block_experts", got.blocks, want.blocks));
-    EXPECT_TRUE(same("extent", got.extent, want.extent));
+    expect_same_plan(got, want);
   }
 }
 
@@ -493,12 +493,7 @@ TEST_F(GpuRoute, GraphReplayWithNewLogits) {
       const PlanHost want = read_plan(ref.view(), T, false);
       EXPECT_TRUE(same("topk_ids", got.ids, want.ids));
       EXPECT_TRUE(close(got.weights, want.weights));
-      EXPECT_TRUE(same("expert_counts", got.counts, want.counts));
-      EXPECT_TRUE(same("expert_offsets", got.offsets, want.offsets));
-      EXPECT_TRUE(same("sorted_slots", got.sorted, want.sorted));
-      EXPECT_TRUE(same("slot_rows", got.rows, want.rows));
-      EXPECT_TRUE(same("block_experts", got.blocks, want.blocks));
-      EXPECT_TRUE(same("extent", got.extent, want.extent));
+      expect_same_plan(got, want);
     }
     ck(cudaGraphExecDestroy(exec), "destroy exec");
     ck(cudaGraphDestroy(graph), "destroy graph");

@@ -106,16 +106,6 @@ std::string pair_name(const Runner& r, TacticPair p) {
   return fmt::format("{} / {}", r.gemm1_tactics()[p.gemm1].name, r.gemm2_tactics()[p.gemm2].name);
 }
 
-double relative_error(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double a = bf16_to_float(got[i]), b = bf16_to_float(want[i]);
-    num += (a - b) * (a - b);
-    den += b * b;
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
-}
-
 // Hidden states and logits for `variants` windows of up to `rows` tokens each, on the host and on the GPU.
 struct TunedInputs {
   int64_t rows, h, e;
@@ -159,7 +149,7 @@ double verify_pair(Runner& gpu, Runner& ref, TunedInputs& in, TacticPair pair, i
               {0, 0});
   gpu.execute(in.gpu(t, 0), pair);
   in.d_out.download(got.data(), got.size() * 2);
-  const double err = relative_error(got, want);
+  const double err = relative_frobenius_bf16(got.data(), want.data(), static_cast<int64_t>(want.size()));
   if (!(err <= 1e-2))
     throw Internal("bench", fmt::format("verification of {} at T={} failed: relative Frobenius error ({:.3g}) must "
                                         "be <= 1e-2",
