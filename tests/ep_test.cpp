@@ -70,12 +70,7 @@ TEST(EpPartition, CoversEveryExpertOnceForManyShapes) {
 }
 
 TEST(EpPartition, RankExpertConfig) {
-  ExpertConfig g{};
-  g.num_experts = 10;
-  g.top_k = 2;
-  g.hidden = 16;
-  g.intermediate = 8;
-  g.num_shared_experts = 1;
+  ExpertConfig g = make_expert_config(10, 2, 16, 8, 1);
   const ExpertConfig c = rank_expert_config(g, 4, 2);
   EXPECT_EQ(c.local_num_experts, 2);
   EXPECT_EQ(c.local_expert_offset, 6);
@@ -296,11 +291,7 @@ TEST(EpSimulate, BothModesMatchTheSingleRankLayer) {
 }
 
 TEST(EpSimulate, RejectsUnequalTokenCounts) {
-  ExpertConfig g{};
-  g.num_experts = 4;
-  g.top_k = 1;
-  g.hidden = 8;
-  g.intermediate = 8;
+  const ExpertConfig g = make_expert_config(4, 1, 8, 8);
   std::vector<uint16_t> w13(4 * 16 * 8), w2(4 * 8 * 8), h(3 * 8), o(3 * 8);
   std::vector<float> l(3 * 4);
   std::vector<EpSimRank> ranks(2);

@@ -58,15 +58,8 @@ std::vector<float> read_logits(const std::string& path, int experts, int64_t& to
 }
 
 void run_route(const RouteOptions& o) {
-  RoutingConfig cfg;
-  cfg.method = parse_routing_method(o.method);
-  cfg.num_experts = o.experts;
-  cfg.top_k = o.top_k;
-  cfg.num_shared_experts = o.shared;
-  cfg.renormalize = o.renormalize;
-  cfg.n_group = o.n_group;
-  cfg.topk_group = o.topk_group;
-  cfg.routed_scaling_factor = o.scale;
+  const RoutingConfig cfg = make_routing_config(parse_routing_method(o.method), o.experts, o.top_k, o.shared,
+                                                o.renormalize, o.n_group, o.topk_group, o.scale);
   cfg.validate();
   if (o.backend != "cpu" && o.backend != "cuda")
     throw InvalidArgument("route", fmt::format("backend '{}' must be cpu or cuda", o.backend));
