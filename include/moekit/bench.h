@@ -105,6 +105,18 @@ struct RouteBenchOptions {
   uint64_t seed = 1;
   int variants = 4;       // input sets rotated through
   std::vector<int> ctas;  // grid sizes to time (0 = the router's own choice); empty = {0}
+  bool phases = false;    // also time the kernel's phases (cold L2, in-kernel timestamps; RouteResult::phases)
+};
+
+/// Where one router call spends its time, from timestamps the kernel takes (%globaltimer) when asked to; medians
+/// over cold-L2 samples. `cta0_us[i]` is CTA 0's time from phase boundary i to i + 1: setup (bias, histogram
+/// zeroing), routing its tokens, counting, totals and earlier-CTA bases (the grid barrier when there is one),
+/// offsets, scatter, padding. `span_us` runs from the first CTA's start to the last CTA's end; `skew_us` is the
+/// spread of the CTAs' starts.
+struct RoutePhases {
+  std::vector<double> cta0_us;
+  double span_us = 0, skew_us = 0;
+  int samples = 0;
 };
 
 struct RouteResult {
@@ -118,6 +130,7 @@ struct RouteResult {
   double logits_bytes = 0;
   double floor_us = 0;  // logits bytes / copy bandwidth
   double goal_us = 0;   // 4 for T <= 1024, 20 above (DESIGN §11)
+  RoutePhases phases;   // when RouteBenchOptions::phases
 };
 
 /// Verifies every case against the CPU reference (ids, whole plan and replay exactly; weights within 1e-6

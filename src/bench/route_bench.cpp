@@ -37,6 +37,10 @@ std::vector<RouteCase> route_fixtures(std::string_view name) {
   return v;
 }
 
+namespace {
+constexpr const char* kPhaseNames[] = {"setup", "route", "count", "totals", "offsets", "scatter", "padding"};
+}  // namespace
+
 std::string route_markdown(const std::vector<RouteResult>& results, const Ceilings& c) {
   std::string s = fmt::format(
       "{}: copy {:.2f} TB/s (read+write), empty kernel {:.2f} us (CUPTI), empty launch in a graph {:.2f} us\n\n",
@@ -55,6 +59,22 @@ std::string route_markdown(const std::vector<RouteResult>& results, const Ceilin
               : std::string("-"),
         timed ? fmt::format("{:.2f}", r.graph.median_us) : std::string("-"), r.floor_us, r.goal_us,
         r.verified ? "yes" : "NO: " + r.mismatch);
+  }
+  bool any_phases = false;
+  for (const RouteResult& r : results) any_phases |= r.phases.samples > 0;
+  if (any_phases) {
+    s += "\nPhases (median us, cold L2; CTA 0 from in-kernel clock64, grid span and start skew from %globaltimer):"
+         "\n\n| fixture | T | CTAs | ";
+    for (const char* name : kPhaseNames) s += fmt::format("{} | ", name);
+    s += "grid span | start skew |\n|---|---|---|";
+    for (size_t i = 0; i < std::size(kPhaseNames) + 2; ++i) s += "---|";
+    s += "\n";
+    for (const RouteResult& r : results) {
+      if (r.phases.samples == 0) continue;
+      s += fmt::format("| {} | {} | {} | ", r.c.fixture, r.c.tokens, r.ctas);
+      for (double v : r.phases.cta0_us) s += fmt::format("{:.2f} | ", v);
+      s += fmt::format("{:.2f} | {:.2f} |\n", r.phases.span_us, r.phases.skew_us);
+    }
   }
   for (const RouteResult& r : results)
     if (r.kernel.samples > 0 && r.timing_source != "cupti") {
@@ -100,7 +120,13 @@ std::string route_json(const std::vector<RouteResult>& results, const Ceilings& 
                             {"graph", stats(r.graph)},
                             {"logits_bytes", r.logits_bytes},
                             {"floor_us", r.floor_us},
-                            {"goal_us", r.goal_us}});
+                            {"goal_us", r.goal_us},
+                            {"phases",
+                             {{"names", kPhaseNames},
+                              {"cta0_us", r.phases.cta0_us},
+                              {"span_us", r.phases.span_us},
+                              {"skew_us", r.phases.skew_us},
+                              {"samples", r.phases.samples}}}});
   return j.dump(2);
 }
 
@@ -157,6 +183,58 @@ std::string compare(const RouteCase& c, const RoutePlanView& gpu, const RoutePla
     return d;
   if (!(d = first_difference("extent", download(gpu.extent, 2), ref.extent)).empty()) return d;
   return first_difference("replay", replay_gpu, replay_ref.data());
+}
+
+// Median phase times of one case from `samples` cold-L2 calls, each writing its own trace slice.
+RoutePhases trace_phases(Harness& harness, const LaunchFn& call, int variants, const TimingOptions& timing,
+                         int grid) {
+  const int samples = std::max(1, timing.samples);
+  const int64_t words = detail::route_cuda_trace_words();
+  DeviceMemory buf(static_cast<size_t>(samples * words) * 8);
+  check(cudaMemset(buf.ptr, 0, static_cast<size_t>(samples * words) * 8), "cudaMemset(trace)");
+  int64_t n = 0;
+  const LaunchFn traced = [&](int v, Stream s) {
+    detail::set_route_cuda_tuning({grid, static_cast<uint64_t*>(buf.ptr) + (n++ % samples) * words});
+    call(v, s);
+  };
+  TimingOptions t = timing;
+  t.samples = samples;
+  harness.kernel_time(traced, variants, t);
+  detail::set_route_cuda_tuning({});
+  const int ctas = detail::route_cuda_last_ctas();
+  const std::vector<uint64_t> host = download(static_cast<const uint64_t*>(buf.ptr), samples * words);
+  constexpr int P = detail::kRouteTracePoints;
+  // CTA 0's phases from clock64 (cycles; %globaltimer ticks are too coarse for sub-microsecond phases), converted
+  // with the SM clock measured over the same samples; span and skew across CTAs from %globaltimer.
+  std::vector<std::vector<double>> per_phase(P - 1);
+  std::vector<double> span, skew, cycles_per_ns;
+  for (int i = 0; i < samples; ++i) {
+    const uint64_t* x = host.data() + i * words;  // [cta][point][ns, clock]
+    auto ns = [&](int cta, int point) { return static_cast<double>(x[(cta * P + point) * 2]); };
+    auto clk = [&](int point) { return static_cast<double>(x[point * 2 + 1]); };
+    if (ns(0, P - 1) > ns(0, 0)) cycles_per_ns.push_back((clk(P - 1) - clk(0)) / (ns(0, P - 1) - ns(0, 0)));
+    double first = ns(0, 0), last = ns(0, P - 1), last_start = first;
+    for (int c = 1; c < ctas; ++c) {
+      first = std::min(first, ns(c, 0));
+      last_start = std::max(last_start, ns(c, 0));
+      last = std::max(last, ns(c, P - 1));
+    }
+    span.push_back((last - first) * 1e-3);
+    skew.push_back((last_start - first) * 1e-3);
+  }
+  const double rate = cycles_per_ns.empty() ? 1.0 : summarize(cycles_per_ns).median_us;  // cycles per ns
+  for (int i = 0; i < samples; ++i) {
+    const uint64_t* x = host.data() + i * words;
+    for (int k = 0; k + 1 < P; ++k)
+      per_phase[static_cast<size_t>(k)].push_back(
+          (static_cast<double>(x[(k + 1) * 2 + 1]) - static_cast<double>(x[k * 2 + 1])) / rate * 1e-3);
+  }
+  RoutePhases ph;
+  for (auto& v : per_phase) ph.cta0_us.push_back(summarize(v).median_us);
+  ph.span_us = summarize(span).median_us;
+  ph.skew_us = summarize(skew).median_us;
+  ph.samples = samples;
+  return ph;
 }
 
 }  // namespace
@@ -236,6 +314,7 @@ std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCa
         r.kernels_per_call = harness.kernels_per_call();
         r.timing_source = harness.kernel_time_source();
         r.graph = harness.graph_time(call, variants, opt.timing);
+        if (opt.phases) r.phases = trace_phases(harness, call, variants, opt.timing, grid);
       }
       detail::set_route_cuda_tuning({});
       out.push_back(std::move(r));

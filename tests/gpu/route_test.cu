@@ -20,6 +20,7 @@
 #include "moekit/plan.h"
 #include "moekit/routing.h"
 #include "routing/cuda/route_cuda.h"
+#include "routing/cuda/route_token.cuh"
 #include "routing/routing_math.h"
 
 namespace moekit {
@@ -44,7 +45,8 @@ uint64_t base_seed() {
 
 // lane_crowded: the experts one warp lane holds in the router's register layout (lane 3 of every 32*V block, V = 4
 // fp32 or 8 bf16 values) get +50, so that lane supplies every winner. nan: ~30% NaN, every 7th row all NaN.
-enum class Dist { normal, ties, coarse, hot, positive, lane_crowded, nan };
+// wide: standard deviation 80, so about 40% of logits are below -69 (the sigmoid's exact-division path).
+enum class Dist { normal, ties, coarse, hot, positive, lane_crowded, nan, wide };
 
 struct Case {
   std::string name;
@@ -116,7 +118,8 @@ template <class T>
 ::testing::AssertionResult close(const std::vector<float>& got, const std::vector<float>& want, double tol = 1e-6) {
   for (size_t i = 0; i < got.size(); ++i) {
     const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
-    if (!(d <= tol * std::fabs(static_cast<double>(want[i]))) && !(got[i] == want[i]))
+    const bool both_nan = std::isnan(got[i]) && std::isnan(want[i]);  // sigmoid(NaN) on both sides
+    if (!(d <= tol * std::fabs(static_cast<double>(want[i]))) && !(got[i] == want[i]) && !both_nan)
       return ::testing::AssertionFailure() << "topk_weights[" << i << "] = " << got[i] << ", reference " << want[i]
                                            << " (relative " << d / std::fabs(want[i]) << ")";
   }
@@ -176,6 +179,9 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
         }
         case Dist::nan:
           v = (t % 7 == 0 || small(rng) == 0) ? NAN : normal(rng);
+          break;
+        case Dist::wide:
+          v = normal(rng) * 40.0f;
           break;
       }
       if (c.dtype == DType::bf16) v = round_to_bf16(v);
@@ -372,6 +378,17 @@ std::vector<Case> cases() {
     add(c);
   }
   {
+    Case c{"dsv3_bf16_nan", make_routing_config(M::sigmoid_grouped, 256, 8, 0, true, 8, 4, 2.5f), 90, 64, DType::bf16};
+    c.bias = true;
+    c.dist = Dist::nan;
+    add(c);
+  }
+  {
+    Case c{"dsv3_wide_logits", make_routing_config(M::sigmoid_grouped, 256, 8, 0, true, 8, 4, 2.5f), 300, 64};
+    c.dist = Dist::wide;
+    add(c);
+  }
+  {
     Case c{"groups_64", make_routing_config(M::sigmoid_grouped, 256, 8, 0, true, 64, 5), 300, 16};
     c.bias = true;
     add(c);
@@ -499,6 +516,33 @@ TEST_F(GpuRoute, GraphReplayWithNewLogits) {
     ck(cudaGraphDestroy(graph), "destroy graph");
   }
   ck(cudaStreamDestroy(stream), "stream destroy");
+}
+
+// The router's sigmoid (fast reciprocal for x >= -69) against routing_math's (IEEE division, the CPU's bits), for
+// every float from -69 up to +inf: any difference would make GPU keys, and so ids, differ from the reference.
+__global__ void count_sigmoid_differences(uint32_t first, uint64_t n, unsigned long long* bad) {
+  unsigned long long mine = 0;
+  for (uint64_t i = blockIdx.x * static_cast<uint64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    const float x = __uint_as_float(first + static_cast<uint32_t>(i));
+    mine += __float_as_uint(detail::router::sigmoid_in_range(x)) != __float_as_uint(routing_math::sigmoid(x));
+  }
+  if (mine) atomicAdd(bad, mine);
+}
+
+TEST_F(GpuRoute, FastSigmoidMatchesExactForEveryFloatAboveMinus69) {
+  DeviceBuffer d_bad(8);
+  ck(cudaMemset(d_bad.ptr, 0, 8), "memset");
+  auto* bad = static_cast<unsigned long long*>(d_bad.ptr);
+  uint32_t minus69;
+  const float m69 = -69.0f;
+  std::memcpy(&minus69, &m69, 4);
+  count_sigmoid_differences<<<1024, 256>>>(0u, 0x7f800001ull, bad);                            // +0 .. +inf
+  count_sigmoid_differences<<<1024, 256>>>(0x80000000u, minus69 - 0x80000000ull + 1, bad);  // -0 .. -69
+  ck(cudaDeviceSynchronize(), "sigmoid sweep");
+  unsigned long long host = 1;
+  ck(cudaMemcpy(&host, bad, 8, cudaMemcpyDeviceToHost), "copy count");
+  EXPECT_EQ(host, 0ull);
 }
 
 }  // namespace

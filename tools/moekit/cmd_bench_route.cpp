@@ -19,7 +19,7 @@ struct BenchRouteArgs {
   int experts = 512, top_k = 8, shared = 0, block = 16, n_group = 1, topk_group = 1;
   std::vector<int64_t> tokens{128};
   std::string method = "softmax_topk", dtype = "fp32", json;
-  bool renormalize = false, bias = false, verify_only = false;
+  bool renormalize = false, bias = false, verify_only = false, phases = false, warm = false;
   float scale = 1.0f;
   int samples = 100;
   uint64_t seed = 1;
@@ -58,6 +58,8 @@ void run(const BenchRouteArgs& a) {
   opt.seed = a.seed;
   opt.timing.samples = a.samples;
   opt.ctas = a.ctas;
+  opt.phases = a.phases;
+  opt.timing.flush_l2 = !a.warm;
   const std::vector<bench::RouteResult> results = bench::bench_route(harness, cases, opt, ceilings);
   if (!a.json.empty()) write_json_file("bench", a.json, bench::route_json(results, ceilings));
   fmt::print("{}", bench::route_markdown(results, ceilings));
@@ -88,6 +90,8 @@ void add_bench_route_command(CLI::App& bench) {
   cmd->add_option("--seed", args->seed, "seed of the random logits");
   cmd->add_option("--json", args->json, "also write the results as JSON to this path");
   cmd->add_flag("--verify-only", args->verify_only, "only check against the CPU reference");
+  cmd->add_flag("--warm-l2", args->warm, "do not flush the L2 between kernel-time samples (the goal is cold)");
+  cmd->add_flag("--phases", args->phases, "also time the router's phases from in-kernel timestamps (cold L2)");
   cmd->callback([args] { run(*args); });
 }
 

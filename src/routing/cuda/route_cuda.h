@@ -26,7 +26,14 @@ int64_t route_cuda_workspace_ints(const PlanShape& shape);
 /// heuristic choose; otherwise the grid is clamped to what can be co-resident. Not thread-safe; process-wide.
 struct RouteCudaTuning {
   int ctas = 0;
+  /// Null, or device memory for route_cuda_trace_words() uint64: thread 0 of every CTA stores (%globaltimer ns,
+  /// clock64) at kRouteTracePoints phase boundaries: entry, setup done, tokens routed, counts published, totals
+  /// and earlier-CTA bases known (after the grid barrier when there is one), offsets scanned, slots scattered,
+  /// padding written. Layout [cta][point][2].
+  uint64_t* trace = nullptr;
 };
+inline constexpr int kRouteTracePoints = 8;
+int64_t route_cuda_trace_words();
 void set_route_cuda_tuning(const RouteCudaTuning& tuning);
 
 /// Grid size the last route_cuda() call used (for benchmark reports).

@@ -11,6 +11,8 @@
 // zeroed during this one), so graph replays need no re-initialization. Cross-CTA data is read with ld.cg (L2).
 #pragma once
 
+#include <cub/block/block_scan.cuh>
+
 #include "route_token.cuh"
 
 namespace moekit::detail::router {
@@ -19,6 +21,8 @@ inline constexpr int kThreads = 512;
 inline constexpr int kWarps = kThreads / 32;
 inline constexpr int kMaxCtas = 288;   // 2 per SM on a 132-SM H200, with room; workspace rows
 inline constexpr int kInfoCap = 8192;  // routed slots per CTA whose (expert, rank) stay in shared memory
+inline constexpr int kGroupsPerThread = (kMaxExperts + kMaxSlots + kThreads - 1) / kThreads;  // plan scan items
+using BlockScan = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
 
 /// Values held per lane; above 8 a kernel needs up to 128 registers, so one CTA per SM.
 template <class In, int NC>
@@ -31,11 +35,20 @@ __host__ __device__ inline int pad8(int n) {
 }
 
 /// Byte offsets of the dynamic shared memory regions (host and device agree on this).
+/// Floats of the shared bias row: at least the capacity of the kernel instance that routes E experts (capacities
+/// are 32 lanes * 4 or 8 values * a power of two of chunks).
+__host__ __device__ inline int bias_words(int experts) {
+  int n = 256;
+  while (n < experts) n *= 2;
+  return n;
+}
+
 struct SmemLayout {
-  int hist = 0, bias = 0, scratch = 0, counts = 0, offsets = 0, base = 0, scan = 0, info = 0, total = 0;
-  int warp_words = 0;  // per-warp group scratch: keys [E] + 32 kept-mask words
+  int hist = 0, bias = 0, scratch = 0, counts = 0, offsets = 0, base = 0, info = 0, total = 0;
+  int warp_words = 0;  // per-warp scratch of shared-memory group limiting: keys [E] + 32 kept-mask words
 
   __host__ __device__ static int align16(int b) { return (b + 15) & ~15; }
+  /// `grouped`: group limiting that needs the shared-memory scratch (RouteParams::group_lanes == 0).
   __host__ __device__ static SmemLayout make(int experts, int groups, bool grouped, int info_words) {
     SmemLayout l;
     const int e_pad = pad8(experts);
@@ -45,7 +58,7 @@ struct SmemLayout {
     l.hist = at;
     at = align16(at + kWarps * e_pad * 2);
     l.bias = at;
-    at = align16(at + experts * 4);
+    at = align16(at + bias_words(experts) * 4);
     l.scratch = at;  // group scratch during A, per-CTA partial sums during B
     at = align16(at + (group_bytes > partial_bytes ? group_bytes : partial_bytes));
     l.counts = at;
@@ -54,8 +67,6 @@ struct SmemLayout {
     at = align16(at + (groups + 1) * 4);
     l.base = at;
     at = align16(at + experts * 4);
-    l.scan = at;
-    at = align16(at + 32 * 4);
     l.info = at;
     at = align16(at + info_words * 4);
     l.total = at;
@@ -86,36 +97,6 @@ __device__ __forceinline__ void grid_barrier(uint32_t* bar, uint32_t gen) {
     __threadfence();
   }
   __syncthreads();
-}
-
-/// Exclusive scan of data[0, n) in place by the whole CTA; returns the total. `scan` holds kWarps ints.
-__device__ int block_exclusive_scan(int* data, int n, int* scan) {
-  const int per = (n + blockDim.x - 1) / blockDim.x;
-  const int lo = min(n, static_cast<int>(threadIdx.x) * per), hi = min(n, lo + per);
-  int sum = 0;
-  for (int i = lo; i < hi; ++i) sum += data[i];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int incl = sum;
-  for (int off = 1; off < 32; off <<= 1) {
-    const int v = __shfl_up_sync(kFullMask, incl, off);
-    if (lane >= off) incl += v;
-  }
-  if (lane == 31) scan[warp] = incl;
-  __syncthreads();
-  int warp_base = 0, total = 0;
-  for (int w = 0; w < kWarps; ++w) {
-    const int v = scan[w];
-    warp_base += w < warp ? v : 0;
-    total += v;
-  }
-  int run = warp_base + incl - sum;
-  for (int i = lo; i < hi; ++i) {
-    const int v = data[i];
-    data[i] = run;
-    run += v;
-  }
-  __syncthreads();
-  return total;
 }
 
 /// Sums the u16 count rows of CTAs [0, blockIdx.x) into out[e] (e < E): 16-byte L2 loads, several rows per thread
@@ -151,21 +132,21 @@ __device__ __forceinline__ void sum_earlier_rows(const uint16_t* rows, int exper
   }
 }
 
-template <class In, int NC>
+template <class In, int NC, bool kSigmoid>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     route_fused_kernel(const __grid_constant__ RouteParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
-  const SmemLayout L = SmemLayout::make(p.experts, p.groups, p.grouped, p.info_words);
+  trace_point(p, 0);
+  const SmemLayout L = SmemLayout::make(p.experts, p.groups, p.grouped && p.group_lanes == 0, p.info_words);
   const int E = p.experts, G = p.groups, K = p.top_k, Kt = p.slots, T = p.tokens;
   const int e_pad = pad8(E);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nb = gridDim.x;
   uint16_t* hist = reinterpret_cast<uint16_t*>(smem + L.hist);    // [kWarps][e_pad]
-  float* bias_s = reinterpret_cast<float*>(smem + L.bias);        // [E]
+  float* bias_s = reinterpret_cast<float*>(smem + L.bias);        // [bias_words(E)], zero past E
   int* cnt_s = reinterpret_cast<int*>(smem + L.counts);           // [G]
   int* offs_s = reinterpret_cast<int*>(smem + L.offsets);         // [G+1]
   int* base_s = reinterpret_cast<int*>(smem + L.base);            // [E]
-  int* scan_s = reinterpret_cast<int*>(smem + L.scan);            // [32]
   uint32_t* info_s = reinterpret_cast<uint32_t*>(smem + L.info);  // [tokens_per_cta, K] when info_words > 0
   uint32_t* wscratch = reinterpret_cast<uint32_t*>(smem + L.scratch) + warp * L.warp_words;
   const WarpScratch ws{wscratch, wscratch + e_pad};
@@ -185,18 +166,21 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   // Warps past the CTA's tokens keep empty histograms: only the active ones are zeroed and scanned.
   const int active_warps = cta_t1 > cta_t0 ? (cta_t1 - cta_t0 + p.tokens_per_warp - 1) / p.tokens_per_warp : 0;
   for (int i = tid; i < active_warps * e_pad / 2; i += kThreads) reinterpret_cast<uint32_t*>(hist)[i] = 0;
-  if (p.bias != nullptr)
-    for (int e = tid; e < E; e += kThreads)
-      bias_s[e] = p.bias_bf16 ? load_one(static_cast<const Bf16*>(p.bias) + e)
-                              : load_one(static_cast<const float*>(p.bias) + e);
+  for (int e = tid; e < bias_words(E); e += kThreads) {
+    float b = 0.0f;
+    if (p.bias != nullptr && e < E)
+      b = p.bias_bf16 ? load_one(static_cast<const Bf16*>(p.bias) + e) : load_one(static_cast<const float*>(p.bias) + e);
+    bias_s[e] = b;
+  }
   __syncthreads();
+  trace_point(p, 1);
 
   // A. Route this warp's tokens, loading the next row while the current one is selected.
   {
     uint16_t* my_hist = hist + warp * e_pad;
-    const float* bias_ptr = p.bias != nullptr ? bias_s : nullptr;
     for (int t = t0; t < t1; ++t) {
-      const uint32_t info = route_token<In, NC>(p, t, row, t + 1 < t1 ? t + 1 : -1, lane, bias_ptr, my_hist, ws);
+      const uint32_t info =
+          route_token<In, NC, kSigmoid>(p, t, row, t + 1 < t1 ? t + 1 : -1, lane, bias_s, my_hist, ws);
       if (lane < K) {
         if (p.info_words > 0)
           info_s[(t - cta_t0) * K + lane] = info;
@@ -207,18 +191,41 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     }
   }
   __syncthreads();
+  trace_point(p, 2);
 
-  // B. Per-warp histograms -> per-warp exclusive prefixes; CTA totals.
-  for (int e = tid; e < E; e += kThreads) {
-    int run = 0;
-    for (int w = 0; w < active_warps; ++w) {
-      const int v = hist[w * e_pad + e];
-      hist[w * e_pad + e] = static_cast<uint16_t>(run);
-      run += v;
+  // B. Counts: group g's count goes to the thread that owns it in the scan (kGroupsPerThread consecutive groups
+  // per thread). One CTA: that thread also turns the per-warp histograms of its experts into per-warp exclusive
+  // prefixes. Several CTAs: per-warp prefixes and the CTA's totals, published as the CTA's row and added to the
+  // expert totals; -- grid barrier --; totals and the sums of earlier CTAs' rows are read back.
+  int cnt[kGroupsPerThread];
+  const int g0 = tid * kGroupsPerThread;
+  if (nb == 1) {
+    int run[kGroupsPerThread] = {};
+    for (int w = 0; w < active_warps; ++w)  // the thread's groups as independent chains
+#pragma unroll
+      for (int i = 0; i < kGroupsPerThread; ++i)
+        if (g0 + i < E) {
+          const int v = hist[w * e_pad + g0 + i];
+          hist[w * e_pad + g0 + i] = static_cast<uint16_t>(run[i]);
+          run[i] += v;
+        }
+#pragma unroll
+    for (int i = 0; i < kGroupsPerThread; ++i) {
+      const int g = g0 + i;
+      if (g < E) base_s[g] = 0;
+      cnt[i] = g < E ? run[i] : (g < G ? T : 0);
     }
-    base_s[e] = run;
-  }
-  if (nb > 1) {
+    trace_point(p, 3);
+  } else {
+    for (int e = tid; e < E; e += kThreads) {
+      int run = 0;
+      for (int w = 0; w < active_warps; ++w) {
+        const int v = hist[w * e_pad + e];
+        hist[w * e_pad + e] = static_cast<uint16_t>(run);
+        run += v;
+      }
+      base_s[e] = run;
+    }
     int32_t* totals = p.totals + (gen & 1u) * e_pad;
     uint16_t* my_row = p.cta_rows + static_cast<int64_t>(blockIdx.x) * e_pad;
     for (int e = tid; e < e_pad; e += kThreads) {
@@ -230,37 +237,50 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
       int32_t* next = p.totals + ((gen + 1u) & 1u) * e_pad;
       for (int e = tid; e < e_pad; e += kThreads) __stcg(next + e, 0);
     }
+    trace_point(p, 3);
     grid_barrier(p.barrier, gen);
-    for (int e = tid; e < E; e += kThreads) cnt_s[e] = __ldcg(totals + e);
+#pragma unroll
+    for (int i = 0; i < kGroupsPerThread; ++i) {
+      const int g = g0 + i;
+      cnt[i] = g < E ? __ldcg(totals + g) : (g < G ? T : 0);
+    }
     sum_earlier_rows(p.cta_rows, E, reinterpret_cast<int*>(smem + L.scratch), base_s);
-  } else {
-    for (int e = tid; e < E; e += kThreads) {
-      cnt_s[e] = base_s[e];
-      base_s[e] = 0;
+  }
+  trace_point(p, 4);
+
+  // C. Offsets: padded counts scanned in one block scan (its barrier also orders the base_s writes above before
+  // the reads below); then every CTA scatters its slots.
+  const int B = p.block;
+  int padded[kGroupsPerThread], off[kGroupsPerThread], used = 0;
+#pragma unroll
+  for (int i = 0; i < kGroupsPerThread; ++i) padded[i] = (cnt[i] + B - 1) / B * B;
+  {
+    __shared__ typename BlockScan::TempStorage scan_storage;
+    BlockScan(scan_storage).ExclusiveSum(padded, off, used);
+  }
+#pragma unroll
+  for (int i = 0; i < kGroupsPerThread; ++i) {
+    const int g = g0 + i;
+    if (g < G) {
+      cnt_s[g] = cnt[i];
+      offs_s[g] = off[i];
+      if (g < E) base_s[g] += off[i];
+      if (blockIdx.x == 0) {
+        p.expert_counts[g] = cnt[i];
+        p.expert_offsets[g] = off[i];
+      }
     }
   }
-  for (int g = E + tid; g < G; g += kThreads) cnt_s[g] = T;
-  __syncthreads();
-
-  // C. Offsets (every CTA), then the scatter of this CTA's slots.
-  const int B = p.block;
-  for (int g = tid; g < G; g += kThreads) offs_s[g] = (cnt_s[g] + B - 1) / B * B;
-  __syncthreads();
-  const int used = block_exclusive_scan(offs_s, G, scan_s);
-  if (tid == 0) offs_s[G] = used;
-  for (int e = tid; e < E; e += kThreads) base_s[e] += offs_s[e];
-  __syncthreads();
-  if (blockIdx.x == 0) {
-    for (int g = tid; g < G; g += kThreads) {
-      p.expert_counts[g] = cnt_s[g];
-      p.expert_offsets[g] = offs_s[g];
-    }
-    if (tid == 0) {
+  if (tid == 0) {
+    offs_s[G] = used;
+    if (blockIdx.x == 0) {
       p.expert_offsets[G] = used;
       p.extent[0] = used;
       p.extent[1] = used / B;
     }
   }
+  __syncthreads();
+  trace_point(p, 5);
   const int s1 = cta_t1 * Kt;
   for (int s = cta_t0 * Kt + tid; s < s1; s += kThreads) {
     const int t = s / Kt;
@@ -277,6 +297,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     p.sorted_slots[row_id] = s;
     p.slot_rows[s] = row_id;
   }
+  trace_point(p, 6);
 
   // Padding rows and block -> expert, spread over the grid: a block's padding rows are written by a warp when
   // B >= 32 (lanes stride its rows), by one thread otherwise.
@@ -305,6 +326,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     }
   }
   for (int64_t r = used + gtid; r < p.capacity; r += gthreads) p.sorted_slots[r] = pad;
+  trace_point(p, 7);
 }
 
 }  // namespace moekit::detail::router

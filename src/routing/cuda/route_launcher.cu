@@ -26,24 +26,32 @@ using KernelFn = void (*)(RouteParams);
 
 struct KernelEntry {
   DType dtype;
-  int chunks;  // NC: 16-byte vectors per lane
+  int chunks;     // NC: 16-byte vectors per lane
+  bool sigmoid;   // keys are sigmoid(logit) + bias (sigmoid_grouped), else logit + bias
   KernelFn fn;
 };
 
-template <class In, int NC>
+template <class In, int NC, bool kSigmoid>
 constexpr KernelEntry entry(DType dtype) {
-  return {dtype, NC, router::route_fused_kernel<In, NC>};
+  return {dtype, NC, kSigmoid, router::route_fused_kernel<In, NC, kSigmoid>};
 }
 
 // Expert capacity of an entry: 32 lanes * NC vectors * (16 / sizeof(element)).
-constexpr std::array<KernelEntry, 7> kKernels{{
-    entry<float, 1>(DType::f32),
-    entry<float, 2>(DType::f32),
-    entry<float, 4>(DType::f32),
-    entry<float, 8>(DType::f32),
-    entry<Bf16, 1>(DType::bf16),
-    entry<Bf16, 2>(DType::bf16),
-    entry<Bf16, 4>(DType::bf16),
+constexpr std::array<KernelEntry, 14> kKernels{{
+    entry<float, 1, false>(DType::f32),
+    entry<float, 2, false>(DType::f32),
+    entry<float, 4, false>(DType::f32),
+    entry<float, 8, false>(DType::f32),
+    entry<Bf16, 1, false>(DType::bf16),
+    entry<Bf16, 2, false>(DType::bf16),
+    entry<Bf16, 4, false>(DType::bf16),
+    entry<float, 1, true>(DType::f32),
+    entry<float, 2, true>(DType::f32),
+    entry<float, 4, true>(DType::f32),
+    entry<float, 8, true>(DType::f32),
+    entry<Bf16, 1, true>(DType::bf16),
+    entry<Bf16, 2, true>(DType::bf16),
+    entry<Bf16, 4, true>(DType::bf16),
 }};
 
 void check(cudaError_t err, const char* what) {
@@ -51,10 +59,10 @@ void check(cudaError_t err, const char* what) {
   if (err != cudaSuccess) throw CudaError("route", std::string(what) + " failed: " + cudaGetErrorString(err));
 }
 
-const KernelEntry& pick_kernel(DType dtype, int experts) {
+const KernelEntry& pick_kernel(DType dtype, int experts, bool sigmoid) {
   const int per_chunk = 32 * 16 / dtype_size(dtype);
   for (const KernelEntry& k : kKernels)
-    if (k.dtype == dtype && k.chunks * per_chunk >= experts) return k;
+    if (k.dtype == dtype && k.sigmoid == sigmoid && k.chunks * per_chunk >= experts) return k;
   throw NotSupported("route", "logits dtype " + std::string(dtype_name(dtype)) + " with num_experts (" +
                                   std::to_string(experts) + ") has no CUDA kernel");
 }
@@ -111,6 +119,11 @@ int64_t route_cuda_workspace_ints(const PlanShape& shape) {
   return 64 + 2 * e8 + router::kMaxCtas * e8 / 2;
 }
 
+static_assert(kRouteTracePoints == router::kTracePoints);
+int64_t route_cuda_trace_words() {
+  return int64_t{router::kMaxCtas} * router::kTracePoints * 2;
+}
+
 void set_route_cuda_tuning(const RouteCudaTuning& tuning) {
   g_tuning = tuning;
 }
@@ -123,7 +136,7 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   auto* s = static_cast<cudaStream_t>(stream);
   const int64_t T = logits.size(0);
   const int E = cfg.num_experts;
-  const KernelEntry& kernel = pick_kernel(logits.dtype, E);
+  const KernelEntry& kernel = pick_kernel(logits.dtype, E, cfg.method == RoutingMethod::sigmoid_grouped);
 
   RouteParams p;
   p.logits = logits.data;
@@ -145,6 +158,10 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   p.group_size = E / p.n_group;
   p.group_magic = static_cast<uint32_t>(((uint64_t{1} << 32) + p.group_size - 1) / p.group_size);
   const int vec = 16 / dtype_size(logits.dtype);
+  // Groups of whole lanes (group size = a power-of-two count of lanes' values) are limited in registers.
+  const int lanes = p.group_size / vec;
+  if (p.grouped && p.n_group <= 32 && p.group_size % vec == 0 && lanes <= 32 && (lanes & (lanes - 1)) == 0)
+    p.group_lanes = lanes;
   p.vector_ok = reinterpret_cast<uintptr_t>(logits.data) % 16 == 0 &&
                 (logits.stride(0) * dtype_size(logits.dtype)) % 16 == 0 && E % vec == 0;
   p.capacity = capacity_rows(T, E, p.slots, p.groups, p.block);
@@ -158,6 +175,7 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   p.extent = plan.extent;
   p.replay = replay.present() ? static_cast<int16_t*>(replay.data) : nullptr;
 
+  const bool shared_groups = p.grouped && p.group_lanes == 0;
   int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
   // Grid: one CTA while every warp has at most one token (no grid barrier, no cross-CTA scan); above, a few tokens
@@ -170,7 +188,7 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   // The co-resident bound depends on the shared memory, which depends on the tokens per CTA: size with the
   // largest layout first, then settle the grid.
   const int max_ctas =
-      max_coresident_ctas(kernel, SmemLayout::make(E, p.groups, p.grouped, router::kInfoCap).total, device);
+      max_coresident_ctas(kernel, SmemLayout::make(E, p.groups, shared_groups, router::kInfoCap).total, device);
   ctas = std::max(1, std::min(ctas, max_ctas));
   p.tokens_per_cta = static_cast<int>((T + ctas - 1) / ctas);
   const int64_t tpc = std::max(p.tokens_per_cta, 1);
@@ -181,7 +199,7 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
                                     ") must be <= " + std::to_string(65535LL * max_ctas) + " on this GPU");
   const int64_t info = static_cast<int64_t>(p.tokens_per_cta) * p.top_k;
   p.info_words = info <= router::kInfoCap ? static_cast<int>(info) : 0;
-  const SmemLayout layout = SmemLayout::make(E, p.groups, p.grouped, p.info_words);
+  const SmemLayout layout = SmemLayout::make(E, p.groups, shared_groups, p.info_words);
   if (ctas > 1) {
     int32_t* ws = plan.workspace;
     if (ws == nullptr)
@@ -190,6 +208,8 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
     p.totals = ws + 64;
     p.cta_rows = reinterpret_cast<uint16_t*>(ws + 64 + 2 * router::pad8(E));
   }
+
+  p.trace = g_tuning.trace;
 
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(static_cast<unsigned>(ctas));

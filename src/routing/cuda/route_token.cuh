@@ -2,9 +2,12 @@
 // consecutive experts of each 32*V-wide chunk, NC chunks, so the expert capacity is a compile-time constant and
 // every per-value loop unrolls into registers), computes each selection key once with routing_math (bit-identical
 // to the CPU) as an order-preserving integer (0 = not selectable, NaN = 1), applies group limiting, then picks
-// the K best by K rounds of a warp argmax (two REDUX: key, then lowest expert among equal keys). Each lane offers
-// its own best and keeps its second best, so only a lane that wins twice rescans its keys (those below the last
-// one it gave away: a lane's winners always leave in descending order).
+// the K best by K rounds of a warp argmax (a REDUX on the key; a second one on the expert only when keys tie).
+// Each lane offers its own best and keeps its second best, so only a lane that wins twice rescans its keys (those
+// below the last one it gave away: a lane's winners always leave in descending order). The whole path is one
+// dependent chain per token, so it is written for latency: no per-value branches (the bias is a zero-padded
+// shared row, the sigmoid's division has its rare slow path hoisted out of the value loop), the winners' values
+// travel with their keys instead of being reloaded, and groups that sit in whole lanes are scored in registers.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +33,7 @@ struct RouteParams {
   int n_group = 1, topk_group = 1, group_size = 1;
   uint32_t group_magic = 0;  // ceil(2^32 / group_size): expert / group_size == umulhi(expert, magic)
   int grouped = 0;           // group limiting active (sigmoid_grouped, topk_group < n_group)
+  int group_lanes = 0;       // > 0: a group is this many whole lanes (a power of two) and n_group <= 32
   int vector_ok = 0;         // rows 16-byte aligned and E a multiple of the vector width
   int64_t capacity = 0;      // sorted_slots rows for this T
   int tokens_per_cta = 0, tokens_per_warp = 0;
@@ -46,7 +50,21 @@ struct RouteParams {
   uint32_t* barrier = nullptr;        // workspace [2]: arrivals, generation
   int32_t* totals = nullptr;          // workspace [2][e_pad8]: expert totals, one buffer per generation parity
   uint16_t* cta_rows = nullptr;       // workspace [kMaxCtas][e_pad8]: per-CTA expert counts
+  uint64_t* trace = nullptr;          // null, or [grid][kTracePoints][2] (%globaltimer ns, clock64) for benchmarks
 };
+
+/// Phase boundaries the kernel stamps when RouteParams::trace is set (see route_cuda.h).
+inline constexpr int kTracePoints = 8;
+
+/// Thread 0 of each CTA records the time at phase boundary `i` (a uniform branch when tracing is off).
+__device__ __forceinline__ void trace_point(const RouteParams& p, int i) {
+  if (p.trace != nullptr && threadIdx.x == 0) {
+    uint64_t ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    p.trace[(blockIdx.x * kTracePoints + i) * 2] = ns;
+    p.trace[(blockIdx.x * kTracePoints + i) * 2 + 1] = static_cast<uint64_t>(clock64());
+  }
+}
 
 /// Raw bf16 bits, so the device code needs no cuda_bf16 header.
 struct Bf16 {
@@ -142,27 +160,108 @@ struct WarpScratch {
   uint32_t* kept;
 };
 
-/// The lane's best two keys strictly below (bk, bj) in selection order (key descending, then j ascending); with
-/// bk = ~0u and bj = -1 nothing is excluded except key 0. A key of 0 in k0/k1 means none.
+/// A lane's candidate: key (0 = none), value index j and the value the weight is computed from.
+struct Offer {
+  uint32_t key;
+  int j;
+  float value;
+};
+
+/// The lane's best two values in selection order (key descending, then j ascending) among those whose bit in
+/// `taken` is clear. A key of 0 means none.
 template <int VPT>
-__device__ __forceinline__ void lane_top2(const uint32_t (&k)[VPT], uint32_t bk, int bj, uint32_t& k0, int& j0,
-                                          uint32_t& k1, int& j1) {
-  k0 = 0;
-  k1 = 0;
-  j0 = 0;
-  j1 = 0;
+__device__ __forceinline__ void lane_top2(const uint32_t (&k)[VPT], const float (&v)[VPT], uint32_t taken,
+                                          Offer& first, Offer& second) {
+  first = {0u, 0, 0.0f};
+  second = {0u, 0, 0.0f};
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
-    const uint32_t v = (k[j] < bk || (k[j] == bk && j > bj)) ? k[j] : 0u;
-    if (v > k0) {
-      k1 = k0;
-      j1 = j0;
-      k0 = v;
-      j0 = j;
-    } else if (v > k1) {
-      k1 = v;
-      j1 = j;
+    const uint32_t key = (taken >> j) & 1u ? 0u : k[j];
+    const bool above_first = key > first.key, above_second = key > second.key;
+    second = above_first ? first : (above_second ? Offer{key, j, v[j]} : second);
+    first = above_first ? Offer{key, j, v[j]} : first;
+  }
+}
+
+/// 1 / d, bitwise equal to __fdiv_rn(1, d) for d in [1, 2^100]: the reciprocal estimate and the two FMA
+/// refinements of CUDA's division fast path, whose operand check always passes in that range.
+__device__ __forceinline__ float recip_in_range(float d) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(d));
+  r = __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
+  return __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
+}
+
+/// rm::sigmoid(x) for x >= -69 (then 1 + exp(-x) <= 1 + 9.3e29 < 2^100), bit for bit.
+__device__ __forceinline__ float sigmoid_in_range(float x) {
+  return recip_in_range(rm::add(1.0f, rm::exp(-x)));
+}
+
+/// s[j] = rm::sigmoid(x[j]) for every j, bit for bit: the exps and the reciprocals of all values interleave; the
+/// exact division runs only in a lane that holds a value below -69 or a NaN.
+template <int VPT>
+__device__ __forceinline__ void sigmoid_all(const float (&x)[VPT], float (&s)[VPT]) {
+  bool slow = false;
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) slow |= !(x[j] >= -69.0f);
+  if (slow) {
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) s[j] = rm::sigmoid(x[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) s[j] = sigmoid_in_range(x[j]);
+  }
+}
+
+/// Group limiting when a group is p.group_lanes whole lanes of a chunk and n_group <= 32, all in registers: each
+/// lane's two best keys, a butterfly over the group's lanes, lane g then holds group g's score and counts the
+/// groups ahead of it. Same result as limit_groups().
+template <int V, int VPT>
+__device__ __forceinline__ void limit_groups_in_lanes(const RouteParams& p, uint32_t (&k)[VPT], int lane) {
+  constexpr int NC = VPT / V;
+  const int lpg = p.group_lanes, per_chunk = 32 / lpg, ng = p.n_group;
+  uint32_t a1[NC], a2[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    a1[c] = 0;
+    a2[c] = 0;
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const uint32_t o = k[c * V + i] == 1u ? 0u : k[c * V + i];  // the reference's NaN convention
+      a2[c] = o > a1[c] ? a1[c] : max(a2[c], o);
+      a1[c] = max(a1[c], o);
     }
+  }
+  for (int off = 1; off < lpg; off <<= 1) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const uint32_t b1 = __shfl_xor_sync(kFullMask, a1[c], off), b2 = __shfl_xor_sync(kFullMask, a2[c], off);
+      a2[c] = max(min(a1[c], b1), max(a2[c], b2));
+      a1[c] = max(a1[c], b1);
+    }
+  }
+  // Lane g (< ng) fetches group g's score from the first lane of that group.
+  const int src = (lane % per_chunk) * lpg, mine_chunk = lane / per_chunk;
+  uint32_t mine = 0;
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    const uint32_t score = rm::ordered_key(rm::add(from_ordered(a1[c]), from_ordered(a2[c])));
+    const uint32_t got = __shfl_sync(kFullMask, score, src);
+    if (c == mine_chunk) mine = got;
+  }
+  int rank = 0;
+#pragma unroll 4
+  for (int h = 0; h < ng; ++h) {
+    const uint32_t oh = __shfl_sync(kFullMask, mine, h);
+    rank += (oh > mine) || (oh == mine && h < lane);
+  }
+  const uint32_t kept = __ballot_sync(kFullMask, lane < ng && rank < p.topk_group);
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    const int g = c * per_chunk + lane / lpg;
+#pragma unroll
+    for (int i = 0; i < V; ++i)
+      if (g >= 32 || !((kept >> g) & 1u)) k[c * V + i] = 0u;  // groups >= n_group hold no valid expert
   }
 }
 
@@ -233,9 +332,12 @@ __device__ __forceinline__ void limit_groups(const RouteParams& p, uint32_t (&k)
 }
 
 /// Routes token t from `row` and, once the keys are computed, starts loading token `next` (if >= 0) into `row`.
-/// Writes the token's ids, weights and replay row; returns (expert << 16 | rank in warp) of slot `lane` (lanes
-/// < K; ranks count earlier tokens of this warp, so the plan is deterministic) and bumps the warp's histogram.
-template <class In, int NC>
+/// kSigmoid: the key is sigmoid(logit) + bias (sigmoid_grouped), else logit + bias. `bias_s` is the bias row in
+/// shared memory, zero-padded to the kernel's expert capacity (all zeros without a bias: adding +0 changes no
+/// key's order). Writes the token's ids, weights and replay row; returns
+/// (expert << 16 | rank in warp) of slot `lane` (lanes < K; ranks count earlier tokens of this warp, so the plan
+/// is deterministic) and bumps the warp's histogram.
+template <class In, int NC, bool kSigmoid>
 __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t, RowRegs<In, NC>& row, int64_t next,
                                                 int lane, const float* bias_s, uint16_t* hist,
                                                 const WarpScratch& ws) {
@@ -249,10 +351,14 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
   for (int c = 0; c < NC; ++c)
 #pragma unroll
     for (int i = 0; i < V; ++i) x[c * V + i] = element(row.v[c], i, static_cast<In*>(nullptr));
+  constexpr bool kEarlyNext = VPT <= 16;  // see the next row's load below
+  if constexpr (!kEarlyNext)
+#pragma unroll
+    for (int c = 0; c < NC; ++c) row.v[c] = make_uint4(0, 0, 0, 0);  // dead until reloaded: frees 4 * NC registers
 
   // softmax_topk: the row max over non-NaN logits and (without renormalization) the full-row denominator.
   float row_max = 0.0f, denom = 1.0f;
-  if (method == RoutingMethod::softmax_topk) {
+  if (!kSigmoid && method == RoutingMethod::softmax_topk) {
     uint32_t om = 0;
 #pragma unroll
     for (int j = 0; j < VPT; ++j)
@@ -268,45 +374,92 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
     }
   }
 
-  // Selection keys, once per value: 0 for columns past E, NaN as 1 (below every number, above "none").
+  // The value each weight comes from (sigmoid(logit) or the logit), then the selection keys: 0 for columns past
+  // E, NaN as 1 (below every number, above "none").
+  float v[VPT];
+  if constexpr (kSigmoid)
+    sigmoid_all(x, v);
+  else
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) v[j] = x[j];
   uint32_t k[VPT];
 #pragma unroll
-  for (int j = 0; j < VPT; ++j) {
-    const int e = expert_of<V>(j, lane);
-    float key = method == RoutingMethod::sigmoid_grouped ? rm::sigmoid(x[j]) : x[j];
-    if (bias_s != nullptr && e < E) key = rm::add(key, bias_s[e]);
-    k[j] = e < E ? max(rm::ordered_key(key), 1u) : 0u;
+  for (int c = 0; c < NC; ++c) {
+    float b[V];
+#pragma unroll
+    for (int q = 0; q < V; q += 4) {
+      const float4 b4 = *reinterpret_cast<const float4*>(bias_s + (c * 32 + lane) * V + q);
+      b[q] = b4.x;
+      b[q + 1] = b4.y;
+      b[q + 2] = b4.z;
+      b[q + 3] = b4.w;
+    }
+#pragma unroll
+    for (int i = 0; i < V; ++i) {
+      const int j = c * V + i;
+      k[j] = expert_of<V>(j, lane) < E ? max(rm::ordered_key(rm::add(v[j], b[i])), 1u) : 0u;
+    }
   }
-  if (next >= 0) row.load(p, next, lane);  // the row registers are free now
-  if (p.grouped) limit_groups<V>(p, k, lane, ws);
+  // The row registers are free now: the next row loads while this one is selected, except in the 32-value
+  // instances, where keeping both would spill (there it loads once this token is done).
+  if (kEarlyNext && next >= 0) row.load(p, next, lane);
+  if (p.grouped) {
+    if (p.group_lanes > 0)
+      limit_groups_in_lanes<V>(p, k, lane);
+    else
+      limit_groups<V>(p, k, lane, ws);
+  }
 
-  // K rounds of warp argmax over the lanes' offers (k0, j0); the winner falls back to its second best.
-  uint32_t k0, k1;
-  int j0, j1;
-  lane_top2(k, ~0u, -1, k0, j0, k1, j1);
+  // K rounds of warp argmax over the lanes' offers; the winner falls back to its second best. Ties on the key
+  // (rare) take a second REDUX for the lowest expert.
+  // The common path of a round has no divergent branch: lane r takes round r's expert and value from the winner
+  // by shuffles (off the chain that feeds the next round's REDUX), the winner's bookkeeping is predicated, and the
+  // rescan (a lane winning twice since its last scan) runs warp-uniformly over the values not yet taken.
+  Offer first, second;
+  uint32_t taken = 0;
+  lane_top2(k, v, taken, first, second);
   bool second_known = true;
-  uint32_t sel_lo = 0;
+  int expert = 0, e_prev = 0;
+  float raw = 0.0f, v_prev = 0.0f;
   for (int r = 0; r < K; ++r) {
-    const uint32_t lo = 0xffffffffu - static_cast<uint32_t>(expert_of<V>(j0, lane));
-    const uint32_t mhi = __reduce_max_sync(kFullMask, k0);
-    const uint32_t mlo = __reduce_max_sync(kFullMask, k0 == mhi ? lo : 0u);
-    if (lane == r) sel_lo = mlo;
-    if (k0 == mhi && lo == mlo) {
-      if (second_known) {
-        k0 = k1;
-        j0 = j1;
-        second_known = false;
-      } else {
-        lane_top2(k, k0, j0, k0, j0, k1, j1);
+    const uint32_t best = __reduce_max_sync(kFullMask, first.key);
+    if (lane == r - 1) {  // the previous round's shuffles, consumed while this round's REDUX is in flight
+      expert = e_prev;
+      raw = v_prev;
+    }
+    const int mine = expert_of<V>(first.j, lane);
+    bool win = first.key == best;
+    uint32_t winners = __ballot_sync(kFullMask, win);
+    if (__popc(winners) > 1) {
+      const uint32_t lo = 0xffffffffu - static_cast<uint32_t>(mine);
+      const uint32_t lowest = __reduce_max_sync(kFullMask, win ? lo : 0u);  // every lane takes part
+      win = win && lo == lowest;
+      winners = __ballot_sync(kFullMask, win);
+    }
+    const int from = __ffs(winners) - 1;
+    e_prev = __shfl_sync(kFullMask, mine, from);
+    v_prev = __shfl_sync(kFullMask, first.value, from);
+    taken |= win ? 1u << first.j : 0u;
+    const bool rescan = win && !second_known;
+    first = win ? second : first;
+    second_known = win ? !second_known : second_known;
+    if (__any_sync(kFullMask, rescan)) {
+      Offer f, s2;
+      lane_top2(k, v, taken, f, s2);
+      if (rescan) {
+        first = f;
+        second = s2;
         second_known = true;
       }
     }
   }
+  if (lane == K - 1) {
+    expert = e_prev;
+    raw = v_prev;
+  }
 
   // Weights of the K routed slots (lane r holds slot r).
   const bool routed = lane < K;
-  const int expert = routed ? static_cast<int>(0xffffffffu - sel_lo) : 0;
-  const float raw = routed ? load_one(static_cast<const In*>(p.logits) + t * p.row_stride + expert) : 0.0f;
   float w = 0.0f;
   switch (method) {
     case RoutingMethod::softmax_topk:
@@ -321,12 +474,12 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
       w = sum != 0.0f ? rm::div(w, sum) : 0.0f;
       break;
     }
-    case RoutingMethod::sigmoid_grouped:
-    case RoutingMethod::llama4:
-      w = routed ? rm::sigmoid(raw) : 0.0f;
-      break;
+    case RoutingMethod::sigmoid_grouped:  // the value is the sigmoid already
     case RoutingMethod::pre_scored:
       w = routed ? raw : 0.0f;
+      break;
+    case RoutingMethod::llama4:
+      w = routed ? rm::sigmoid(raw) : 0.0f;
       break;
   }
   // topk_softmax is normalized already and llama4 (K = 1) keeps its sigmoid: renormalize leaves them be.
@@ -349,6 +502,7 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
     p.topk_ids[base + lane] = E + lane - K;
     p.topk_weights[base + lane] = 1.0f;
   }
+  if (!kEarlyNext && next >= 0) row.load(p, next, lane);
   return info;
 }
 
