@@ -4,8 +4,8 @@
 //   B. per-warp prefixes and the CTA's expert totals. With several CTAs: each CTA publishes its totals (u16 row of
 //      the workspace) and adds them to the expert totals; -- one grid barrier --; each CTA sums the rows of the
 //      CTAs before it (its base in every expert) and reads the totals;
-//   C. every CTA scans the padded counts into offsets, scatters its slots into sorted_slots/slot_rows, and the grid
-//      writes padding and block_experts.
+//   C. every CTA scans the padded counts into offsets (one CUB block scan), scatters its slots into
+//      sorted_slots/slot_rows, and the grid writes padding and block_experts.
 // A single CTA (small T) needs no barrier and no workspace. The barrier counts arrivals and bumps a generation word,
 // resetting itself; the totals are double-buffered by the generation's parity (the buffer of the next call is
 // zeroed during this one), so graph replays need no re-initialization. Cross-CTA data is read with ld.cg (L2).
@@ -80,21 +80,22 @@ __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
   return v;
 }
 
-/// All CTAs of the (co-resident) grid meet here. Self-resetting: the last arrival zeroes the count before it
-/// releases the others by bumping the generation `gen` (read by every CTA before it arrived).
+/// All CTAs of the (co-resident) grid meet here. Thread 0 arrives with an acquire-release add (releasing what its
+/// CTA wrote before the CTA barrier, acquiring what earlier arrivals released); the last arrival resets the count
+/// and releases the others by bumping the generation `gen` (read by every CTA before it arrived), which they poll
+/// with acquire loads. No full fences.
 __device__ __forceinline__ void grid_barrier(uint32_t* bar, uint32_t gen) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(bar, 1u) + 1 == gridDim.x) {
-      atomicExch(bar, 0u);
-      __threadfence();
-      atomicAdd(bar + 1, 1u);
+    uint32_t arrived;
+    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(arrived) : "l"(bar) : "memory");
+    if (arrived + 1 == gridDim.x) {
+      asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
+      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar + 1) : "memory");
     } else {
       while (ld_acquire(bar + 1) == gen) {
       }
     }
-    __threadfence();
   }
   __syncthreads();
 }
@@ -299,16 +300,17 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   }
   trace_point(p, 6);
 
-  // Padding rows and block -> expert, spread over the grid: a block's padding rows are written by a warp when
-  // B >= 32 (lanes stride its rows), by one thread otherwise.
+  // Padding rows and block -> expert, spread over the grid: consecutive blocks go to different CTAs, and a block's
+  // padding rows are written by 32 threads when B >= 32, 8 when B >= 8, one otherwise (they stride its rows).
   const int pad = T * Kt;
-  const int lanes_per_block = B >= 32 ? 32 : 1;
+  const int lanes_per_block = B >= 32 ? 32 : (B >= 8 ? 8 : 1);
   const int64_t gthreads = static_cast<int64_t>(nb) * kThreads;
   const int64_t gtid = static_cast<int64_t>(blockIdx.x) * kThreads + tid;
   const int64_t nblocks = p.capacity / B;
   const int used_blocks = used / B;
-  const int sub = lanes_per_block == 32 ? lane : 0;
-  for (int64_t b = gtid / lanes_per_block; b < nblocks; b += gthreads / lanes_per_block) {
+  const int sub = tid % lanes_per_block;
+  for (int64_t b = blockIdx.x + static_cast<int64_t>(tid / lanes_per_block) * nb; b < nblocks;
+       b += static_cast<int64_t>(nb) * (kThreads / lanes_per_block)) {
     if (b < used_blocks) {
       const int r0 = static_cast<int>(b) * B;
       int lo = 0, hi = G;  // last g with offs_s[g] <= r0

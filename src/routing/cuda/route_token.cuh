@@ -97,6 +97,14 @@ __device__ __forceinline__ float from_ordered(uint32_t o) {
   return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
 }
 
+/// Sum over lanes [0, n) of values that are 0 in lanes >= n (n <= 32): a butterfly over the first power of two
+/// >= n lanes only (3 steps for K = 8 instead of 5).
+__device__ __forceinline__ float sum_first_lanes(float v, int n) {
+  const int width = n <= 1 ? 1 : 1 << (32 - __clz(n - 1));
+  for (int off = width >> 1; off > 0; off >>= 1) v += __shfl_xor_sync(kFullMask, v, off);
+  return v;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFullMask, v, off);
@@ -470,7 +478,7 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
       const uint32_t om = __reduce_max_sync(kFullMask, routed ? rm::ordered_key(raw) : 0u);
       const float m = om == 0 ? -__int_as_float(0x7f800000) : from_ordered(om);
       w = routed ? softmax_term(raw, m) : 0.0f;
-      const float sum = warp_sum(w);
+      const float sum = sum_first_lanes(w, K);
       w = sum != 0.0f ? rm::div(w, sum) : 0.0f;
       break;
     }
@@ -484,7 +492,7 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
   }
   // topk_softmax is normalized already and llama4 (K = 1) keeps its sigmoid: renormalize leaves them be.
   if (p.renormalize && method != RoutingMethod::topk_softmax && method != RoutingMethod::llama4) {
-    const float sum = warp_sum(routed ? w : 0.0f);
+    const float sum = sum_first_lanes(routed ? w : 0.0f, K);
     if (sum != 0.0f) w = rm::div(w, sum);
   }
   w = rm::mul(w, p.scale);
