@@ -342,13 +342,13 @@ __device__ __forceinline__ void limit_groups(const RouteParams& p, uint32_t (&k)
 /// Routes token t from `row` and, once the keys are computed, starts loading token `next` (if >= 0) into `row`.
 /// kSigmoid: the key is sigmoid(logit) + bias (sigmoid_grouped), else logit + bias. `bias_s` is the bias row in
 /// shared memory, zero-padded to the kernel's expert capacity (all zeros without a bias: adding +0 changes no
-/// key's order). Writes the token's ids, weights and replay row; returns
+/// key's order). `sel` is 32 (expert, value) pairs of per-warp shared scratch. Writes the token's ids, weights and replay row; returns
 /// (expert << 16 | rank in warp) of slot `lane` (lanes < K; ranks count earlier tokens of this warp, so the plan
 /// is deterministic) and bumps the warp's histogram.
 template <class In, int NC, bool kSigmoid>
 __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t, RowRegs<In, NC>& row, int64_t next,
                                                 int lane, const float* bias_s, uint16_t* hist,
-                                                const WarpScratch& ws) {
+                                                const WarpScratch& ws, uint2* sel) {
   constexpr int V = RowRegs<In, NC>::V;
   constexpr int VPT = NC * V;
   const int E = p.experts, K = p.top_k;
@@ -363,24 +363,6 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
   if constexpr (!kEarlyNext)
 #pragma unroll
     for (int c = 0; c < NC; ++c) row.v[c] = make_uint4(0, 0, 0, 0);  // dead until reloaded: frees 4 * NC registers
-
-  // softmax_topk: the row max over non-NaN logits and (without renormalization) the full-row denominator.
-  float row_max = 0.0f, denom = 1.0f;
-  if (!kSigmoid && method == RoutingMethod::softmax_topk) {
-    uint32_t om = 0;
-#pragma unroll
-    for (int j = 0; j < VPT; ++j)
-      if (expert_of<V>(j, lane) < E) om = max(om, rm::ordered_key(x[j]));
-    row_max = from_ordered(__reduce_max_sync(kFullMask, om));
-    if (row_max != row_max) row_max = -__int_as_float(0x7f800000);  // every logit NaN
-    if (!p.renormalize) {
-      float s = 0.0f;
-#pragma unroll
-      for (int j = 0; j < VPT; ++j)
-        if (expert_of<V>(j, lane) < E && x[j] == x[j]) s += x[j] == row_max ? 1.0f : fast_exp(x[j] - row_max);
-      denom = warp_sum(s);
-    }
-  }
 
   // The value each weight comes from (sigmoid(logit) or the logit), then the selection keys: 0 for columns past
   // E, NaN as 1 (below every number, above "none").
@@ -411,30 +393,48 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
   // The row registers are free now: the next row loads while this one is selected, except in the 32-value
   // instances, where keeping both would spill (there it loads once this token is done).
   if (kEarlyNext && next >= 0) row.load(p, next, lane);
-  if (p.grouped) {
-    if (p.group_lanes > 0)
-      limit_groups_in_lanes<V>(p, k, lane);
-    else
-      limit_groups<V>(p, k, lane, ws);
+  if constexpr (kSigmoid) {  // only sigmoid_grouped limits groups
+    if (p.grouped) {
+      if (p.group_lanes > 0)
+        limit_groups_in_lanes<V>(p, k, lane);
+      else
+        limit_groups<V>(p, k, lane, ws);
+    }
   }
+
+  // softmax_topk's row max over non-NaN logits and full-row denominator: computed without a branch in every
+  // logit-keyed instance, so that its reductions overlap the first offer scan below (other methods ignore them);
+  // in the 32-value instances after the rounds, when the keys' registers are free.
+  float row_max = 0.0f, denom = 1.0f;
+  auto softmax_stats = [&] {
+    uint32_t om = 0;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) om = max(om, expert_of<V>(j, lane) < E ? rm::ordered_key(v[j]) : 0u);
+    row_max = from_ordered(__reduce_max_sync(kFullMask, om));
+    if (row_max != row_max) row_max = -__int_as_float(0x7f800000);  // every logit NaN
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) {
+      const float term = v[j] == row_max ? 1.0f : fast_exp(v[j] - row_max);
+      s += expert_of<V>(j, lane) < E && v[j] == v[j] ? term : 0.0f;
+    }
+    denom = warp_sum(s);
+  };
+  if constexpr (!kSigmoid && VPT <= 16) softmax_stats();
 
   // K rounds of warp argmax over the lanes' offers; the winner falls back to its second best. Ties on the key
   // (rare) take a second REDUX for the lowest expert.
-  // The common path of a round has no divergent branch: lane r takes round r's expert and value from the winner
-  // by shuffles (off the chain that feeds the next round's REDUX), the winner's bookkeeping is predicated, and the
-  // rescan (a lane winning twice since its last scan) runs warp-uniformly over the values not yet taken.
+  // The common path of a round has no divergent branch: the winner stores round r's expert and value to sel[r]
+  // and updates its offers under predicates, and the rescan (a lane winning twice since its last scan) runs
+  // warp-uniformly over the values not yet taken.
   Offer first, second;
   uint32_t taken = 0;
   lane_top2(k, v, taken, first, second);
   bool second_known = true;
-  int expert = 0, e_prev = 0;
-  float raw = 0.0f, v_prev = 0.0f;
+  uint32_t sel_addr;  // opaque to the compiler, so it stays in a register instead of being recomputed per round
+  asm volatile("mov.b32 %0, %1;" : "=r"(sel_addr) : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(sel))));
   for (int r = 0; r < K; ++r) {
     const uint32_t best = __reduce_max_sync(kFullMask, first.key);
-    if (lane == r - 1) {  // the previous round's shuffles, consumed while this round's REDUX is in flight
-      expert = e_prev;
-      raw = v_prev;
-    }
     const int mine = expert_of<V>(first.j, lane);
     bool win = first.key == best;
     uint32_t winners = __ballot_sync(kFullMask, win);
@@ -444,9 +444,12 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
       win = win && lo == lowest;
       winners = __ballot_sync(kFullMask, win);
     }
-    const int from = __ffs(winners) - 1;
-    e_prev = __shfl_sync(kFullMask, mine, from);
-    v_prev = __shfl_sync(kFullMask, first.value, from);
+    // The winner stores (expert, value) to slot r with a predicated store: nothing in the round waits for it.
+    asm volatile(
+        "{\n .reg .pred w;\n setp.ne.u32 w, %0, 0;\n @w st.shared.v2.u32 [%1], {%2, %3};\n}" ::"r"(
+            static_cast<uint32_t>(win)),
+        "r"(sel_addr + 8u * static_cast<uint32_t>(r)), "r"(static_cast<uint32_t>(mine)), "r"(__float_as_uint(first.value))
+        : "memory");
     taken |= win ? 1u << first.j : 0u;
     const bool rescan = win && !second_known;
     first = win ? second : first;
@@ -461,13 +464,14 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
       }
     }
   }
-  if (lane == K - 1) {
-    expert = e_prev;
-    raw = v_prev;
-  }
+  __syncwarp();
+  if constexpr (!kSigmoid && VPT > 16) softmax_stats();
 
   // Weights of the K routed slots (lane r holds slot r).
   const bool routed = lane < K;
+  const uint2 chosen = routed ? reinterpret_cast<const uint2*>(sel)[lane] : make_uint2(0, 0);
+  const int expert = static_cast<int>(chosen.x);
+  const float raw = __uint_as_float(chosen.y);
   float w = 0.0f;
   switch (method) {
     case RoutingMethod::softmax_topk:
@@ -511,6 +515,7 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
     p.topk_weights[base + lane] = 1.0f;
   }
   if (!kEarlyNext && next >= 0) row.load(p, next, lane);
+  __syncwarp();  // the next token's winners overwrite sel
   return info;
 }
 
