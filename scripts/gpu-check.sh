@@ -6,6 +6,7 @@
 #   scripts/gpu-check.sh                          everything; build in ./build, logs in ./gpu-check-out
 #   PARTS="build tests" scripts/gpu-check.sh      a subset of: build tests sanitize bench layer ep
 #   BUILD_DIR=build-x PARTS=bench ...             reuse binaries built earlier
+#   MOE_TOKENS=1,16 PARTS=bench ...               a shorter token list for bench moe
 # NCCL's NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Exit status: 0 when every step passed.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -72,10 +73,10 @@ fi
 
 # Key benchmarks (each verifies against the CPU reference before timing).
 if want bench; then
-  step bench_route_seed6 "$moekit" bench route --fixtures seed6 --json "$out/bench_route_seed6.json"
-  step bench_route_dsv3 "$moekit" bench route --fixtures dsv3 --json "$out/bench_route_dsv3.json"
+  step bench_route_seed6 "$moekit" bench route --fixtures seed6 --phases --json "$out/bench_route_seed6.json"
+  step bench_route_dsv3 "$moekit" bench route --fixtures dsv3 --phases --json "$out/bench_route_dsv3.json"
   for p in mixtral-8x7b qwen3-30b-a3b deepseek-v3 qwen3-next-80b gpt-oss-120b; do
-    step "bench_moe_$p" "$moekit" bench moe --preset "$p" --tokens 1,16,64,256,1024,4096,16384 \
+    step "bench_moe_$p" "$moekit" bench moe --preset "$p" --tokens "${MOE_TOKENS:-1,16,64,256,1024,4096,16384}" \
       --json "$out/bench_moe_$p.json"
   done
   jsons=()

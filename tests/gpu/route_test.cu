@@ -378,7 +378,8 @@ std::vector<Case> cases() {
     add(c);
   }
   {
-    Case c{"dsv3_bf16_nan", make_routing_config(M::sigmoid_grouped, 256, 8, 0, true, 8, 4, 2.5f), 90, 64, DType::bf16};
+    Case c{"dsv3_bf16_nan", make_routing_config(M::sigmoid_grouped, 256, 8, 0, true, 8, 4, 2.5f), 90, 64,
+           DType::bf16};
     c.bias = true;
     c.dist = Dist::nan;
     add(c);
@@ -537,7 +538,7 @@ TEST_F(GpuRoute, FastSigmoidMatchesExactForEveryFloatAboveMinus69) {
   uint32_t minus69;
   const float m69 = -69.0f;
   std::memcpy(&minus69, &m69, 4);
-  count_sigmoid_differences<<<1024, 256>>>(0u, 0x7f800001ull, bad);                            // +0 .. +inf
+  count_sigmoid_differences<<<1024, 256>>>(0u, 0x7f800001ull, bad);                         // +0 .. +inf
   count_sigmoid_differences<<<1024, 256>>>(0x80000000u, minus69 - 0x80000000ull + 1, bad);  // -0 .. -69
   ck(cudaDeviceSynchronize(), "sigmoid sweep");
   unsigned long long host = 1;

@@ -145,8 +145,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   const int e_pad = pad8(E);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nb = gridDim.x;
-  uint16_t* hist = reinterpret_cast<uint16_t*>(smem + L.hist);    // [kWarps][e_pad]
-  float* bias_s = reinterpret_cast<float*>(smem + L.bias);        // [bias_words(E)], zero past E
+  uint16_t* hist = reinterpret_cast<uint16_t*>(smem + L.hist);  // [kWarps][e_pad]
+  float* bias_s = reinterpret_cast<float*>(smem + L.bias);      // [bias_words(E)], zero past E
   uint2* sel = reinterpret_cast<uint2*>(smem + L.sel) + warp * 32;
   int* cnt_s = reinterpret_cast<int*>(smem + L.counts);           // [G]
   int* offs_s = reinterpret_cast<int*>(smem + L.offsets);         // [G+1]
@@ -173,7 +173,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   for (int e = tid; e < bias_words(E); e += kThreads) {
     float b = 0.0f;
     if (p.bias != nullptr && e < E)
-      b = p.bias_bf16 ? load_one(static_cast<const Bf16*>(p.bias) + e) : load_one(static_cast<const float*>(p.bias) + e);
+      b = p.bias_bf16 ? load_one(static_cast<const Bf16*>(p.bias) + e)
+                      : load_one(static_cast<const float*>(p.bias) + e);
     bias_s[e] = b;
   }
   __syncthreads();

@@ -26,8 +26,8 @@ using KernelFn = void (*)(RouteParams);
 
 struct KernelEntry {
   DType dtype;
-  int chunks;     // NC: 16-byte vectors per lane
-  bool sigmoid;   // keys are sigmoid(logit) + bias (sigmoid_grouped), else logit + bias
+  int chunks;    // NC: 16-byte vectors per lane
+  bool sigmoid;  // keys are sigmoid(logit) + bias (sigmoid_grouped), else logit + bias
   KernelFn fn;
 };
 

@@ -191,6 +191,14 @@ __device__ __forceinline__ void lane_top2(const uint32_t (&k)[VPT], const float 
   }
 }
 
+/// Stores (a, b) to the shared address `addr` when `pred` holds: one predicated instruction, no branch.
+__device__ __forceinline__ void st_shared_if(bool pred, uint32_t addr, uint32_t a, uint32_t b) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.u32 p, %0, 0;\n @p st.shared.v2.u32 [%1], {%2, %3};\n}" ::"r"(
+                   static_cast<uint32_t>(pred)),
+               "r"(addr), "r"(a), "r"(b)
+               : "memory");
+}
+
 /// 1 / d, bitwise equal to __fdiv_rn(1, d) for d in [1, 2^100]: the reciprocal estimate and the two FMA
 /// refinements of CUDA's division fast path, whose operand check always passes in that range.
 __device__ __forceinline__ float recip_in_range(float d) {
@@ -342,13 +350,13 @@ __device__ __forceinline__ void limit_groups(const RouteParams& p, uint32_t (&k)
 /// Routes token t from `row` and, once the keys are computed, starts loading token `next` (if >= 0) into `row`.
 /// kSigmoid: the key is sigmoid(logit) + bias (sigmoid_grouped), else logit + bias. `bias_s` is the bias row in
 /// shared memory, zero-padded to the kernel's expert capacity (all zeros without a bias: adding +0 changes no
-/// key's order). `sel` is 32 (expert, value) pairs of per-warp shared scratch. Writes the token's ids, weights and replay row; returns
-/// (expert << 16 | rank in warp) of slot `lane` (lanes < K; ranks count earlier tokens of this warp, so the plan
-/// is deterministic) and bumps the warp's histogram.
+/// key's order). `sel` is 32 (expert, value) pairs of per-warp shared scratch. Writes the token's ids, weights
+/// and replay row; returns (expert << 16 | rank in warp) of slot `lane` (lanes < K; ranks count earlier tokens of
+/// this warp, so the plan is deterministic) and bumps the warp's histogram.
 template <class In, int NC, bool kSigmoid>
 __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t, RowRegs<In, NC>& row, int64_t next,
-                                                int lane, const float* bias_s, uint16_t* hist,
-                                                const WarpScratch& ws, uint2* sel) {
+                                                int lane, const float* bias_s, uint16_t* hist, const WarpScratch& ws,
+                                                uint2* sel) {
   constexpr int V = RowRegs<In, NC>::V;
   constexpr int VPT = NC * V;
   const int E = p.experts, K = p.top_k;
@@ -445,11 +453,8 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
       winners = __ballot_sync(kFullMask, win);
     }
     // The winner stores (expert, value) to slot r with a predicated store: nothing in the round waits for it.
-    asm volatile(
-        "{\n .reg .pred w;\n setp.ne.u32 w, %0, 0;\n @w st.shared.v2.u32 [%1], {%2, %3};\n}" ::"r"(
-            static_cast<uint32_t>(win)),
-        "r"(sel_addr + 8u * static_cast<uint32_t>(r)), "r"(static_cast<uint32_t>(mine)), "r"(__float_as_uint(first.value))
-        : "memory");
+    st_shared_if(win, sel_addr + 8u * static_cast<uint32_t>(r), static_cast<uint32_t>(mine),
+                 __float_as_uint(first.value));
     taken |= win ? 1u << first.j : 0u;
     const bool rescan = win && !second_known;
     first = win ? second : first;
