@@ -116,6 +116,7 @@ struct RouteBenchOptions {
 struct RoutePhases {
   std::vector<double> cta0_us;
   double span_us = 0, skew_us = 0;
+  double sm_clock_ghz = 0;  // SM clock during the samples: CTA 0's clock64 cycles per %globaltimer ns
   int samples = 0;
 };
 

@@ -66,14 +66,14 @@ std::string route_markdown(const std::vector<RouteResult>& results, const Ceilin
     s += "\nPhases (median us, cold L2; CTA 0 from in-kernel clock64, grid span and start skew from %globaltimer):"
          "\n\n| fixture | T | CTAs | ";
     for (const char* name : kPhaseNames) s += fmt::format("{} | ", name);
-    s += "grid span | start skew |\n|---|---|---|";
-    for (size_t i = 0; i < std::size(kPhaseNames) + 2; ++i) s += "---|";
+    s += "grid span | start skew | SM GHz |\n|---|---|---|";
+    for (size_t i = 0; i < std::size(kPhaseNames) + 3; ++i) s += "---|";
     s += "\n";
     for (const RouteResult& r : results) {
       if (r.phases.samples == 0) continue;
       s += fmt::format("| {} | {} | {} | ", r.c.fixture, r.c.tokens, r.ctas);
       for (double v : r.phases.cta0_us) s += fmt::format("{:.2f} | ", v);
-      s += fmt::format("{:.2f} | {:.2f} |\n", r.phases.span_us, r.phases.skew_us);
+      s += fmt::format("{:.2f} | {:.2f} | {:.2f} |\n", r.phases.span_us, r.phases.skew_us, r.phases.sm_clock_ghz);
     }
   }
   for (const RouteResult& r : results)
@@ -126,6 +126,7 @@ std::string route_json(const std::vector<RouteResult>& results, const Ceilings& 
                               {"cta0_us", r.phases.cta0_us},
                               {"span_us", r.phases.span_us},
                               {"skew_us", r.phases.skew_us},
+                              {"sm_clock_ghz", r.phases.sm_clock_ghz},
                               {"samples", r.phases.samples}}}});
   return j.dump(2);
 }
@@ -232,6 +233,7 @@ RoutePhases trace_phases(Harness& harness, const LaunchFn& call, int variants, c
   RoutePhases ph;
   for (auto& v : per_phase) ph.cta0_us.push_back(summarize(v).median_us);
   ph.span_us = summarize(span).median_us;
+  ph.sm_clock_ghz = rate;
   ph.skew_us = summarize(skew).median_us;
   ph.samples = samples;
   return ph;
