@@ -419,6 +419,27 @@ std::vector<Case> cases() {
     c.ctas = ctas;
     add(c);
   }
+  // 32 values per lane (the instances that load a warp's next row only after the current token) with many tokens
+  // per warp: few CTAs for T in the hundreds.
+  {
+    Case c{"warp_tokens_e1024_fp32", make_routing_config(M::softmax_topk, 1024, 8), 200, 16};
+    c.ctas = 1;
+    add(c);
+  }
+  {
+    Case c{"warp_tokens_e1024_sigmoid_groups32", make_routing_config(M::sigmoid_grouped, 1024, 8, 0, true, 32, 4),
+           100, 8};
+    c.ctas = 1;
+    c.bias = true;
+    add(c);
+  }
+  {
+    Case c{"warp_tokens_bf16_e1024_groups8", make_routing_config(M::sigmoid_grouped, 1000, 6, 2, false, 8, 3, 1.5f),
+           150, 32, DType::bf16};
+    c.ctas = 2;
+    c.bias = true;
+    add(c);
+  }
   return v;
 }
 
