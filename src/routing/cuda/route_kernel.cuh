@@ -34,7 +34,6 @@ __host__ __device__ inline int pad8(int n) {
   return (n + 7) & ~7;
 }
 
-/// Byte offsets of the dynamic shared memory regions (host and device agree on this).
 /// Floats of the shared bias row: at least the capacity of the kernel instance that routes E experts (capacities
 /// are 32 lanes * 4 or 8 values * a power of two of chunks).
 __host__ __device__ inline int bias_words(int experts) {
@@ -43,6 +42,7 @@ __host__ __device__ inline int bias_words(int experts) {
   return n;
 }
 
+/// Byte offsets of the dynamic shared memory regions (host and device agree on this).
 struct SmemLayout {
   int hist = 0, bias = 0, sel = 0, scratch = 0, counts = 0, offsets = 0, base = 0, info = 0, total = 0;
   int warp_words = 0;  // per-warp scratch of shared-memory group limiting: keys [E] + 32 kept-mask words
