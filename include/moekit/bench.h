@@ -120,6 +120,14 @@ struct RoutePhases {
   int samples = 0;
 };
 
+/// Phase times from the router's timestamps: `trace` holds `samples` slices of `words_per_sample` uint64, each laid
+/// out [cta][point][%globaltimer ns, clock64] for `ctas` CTAs and `points` phase boundaries. CTA 0's phases come
+/// from clock64, converted with the clock measured over the samples (median of CTA 0's cycles per ns from its
+/// first to its last point); span and skew from %globaltimer; medians over the samples. Throws InvalidArgument when
+/// the sizes do not fit together.
+RoutePhases route_phases_from_trace(const std::vector<uint64_t>& trace, int samples, int64_t words_per_sample,
+                                    int ctas, int points);
+
 struct RouteResult {
   RouteCase c;
   int ctas_requested = 0, ctas = 0;  // asked (0 = heuristic) and used

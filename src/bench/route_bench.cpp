@@ -4,6 +4,7 @@
 // (logits bytes / measured copy bandwidth) and the DESIGN §11 goal beside them.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <nlohmann/json.hpp>
@@ -131,6 +132,47 @@ std::string route_json(const std::vector<RouteResult>& results, const Ceilings& 
   return j.dump(2);
 }
 
+RoutePhases route_phases_from_trace(const std::vector<uint64_t>& trace, int samples, int64_t words_per_sample,
+                                    int ctas, int points) {
+  if (samples < 1 || ctas < 1 || points < 2 || words_per_sample < int64_t{2} * ctas * points ||
+      static_cast<int64_t>(trace.size()) < samples * words_per_sample)
+    throw InvalidArgument("bench", fmt::format("trace of {} words does not hold {} samples of {} CTAs x {} points",
+                                               trace.size(), samples, ctas, points));
+  // CTA 0's phases from clock64 (cycles; %globaltimer ticks are too coarse for sub-microsecond phases), converted
+  // with the SM clock measured over the same samples; span and skew across CTAs from %globaltimer.
+  const int P = points;
+  std::vector<std::vector<double>> per_phase(static_cast<size_t>(P - 1));
+  std::vector<double> span, skew, cycles_per_ns;
+  for (int i = 0; i < samples; ++i) {
+    const uint64_t* x = trace.data() + i * words_per_sample;  // [cta][point][ns, clock]
+    auto ns = [&](int cta, int point) { return static_cast<double>(x[(cta * P + point) * 2]); };
+    auto clk = [&](int point) { return static_cast<double>(x[point * 2 + 1]); };
+    if (ns(0, P - 1) > ns(0, 0)) cycles_per_ns.push_back((clk(P - 1) - clk(0)) / (ns(0, P - 1) - ns(0, 0)));
+    double first = ns(0, 0), last = ns(0, P - 1), last_start = first;
+    for (int c = 1; c < ctas; ++c) {
+      first = std::min(first, ns(c, 0));
+      last_start = std::max(last_start, ns(c, 0));
+      last = std::max(last, ns(c, P - 1));
+    }
+    span.push_back((last - first) * 1e-3);
+    skew.push_back((last_start - first) * 1e-3);
+  }
+  const double rate = cycles_per_ns.empty() ? 1.0 : summarize(cycles_per_ns).median_us;  // cycles per ns
+  for (int i = 0; i < samples; ++i) {
+    const uint64_t* x = trace.data() + i * words_per_sample;
+    for (int k = 0; k + 1 < P; ++k)
+      per_phase[static_cast<size_t>(k)].push_back(
+          (static_cast<double>(x[(k + 1) * 2 + 1]) - static_cast<double>(x[k * 2 + 1])) / rate * 1e-3);
+  }
+  RoutePhases ph;
+  for (auto& v : per_phase) ph.cta0_us.push_back(summarize(v).median_us);
+  ph.span_us = summarize(span).median_us;
+  ph.skew_us = summarize(skew).median_us;
+  ph.sm_clock_ghz = rate;
+  ph.samples = samples;
+  return ph;
+}
+
 #if MOEKIT_HAS_CUDA
 namespace {
 
@@ -202,41 +244,8 @@ RoutePhases trace_phases(Harness& harness, const LaunchFn& call, int variants, c
   t.samples = samples;
   harness.kernel_time(traced, variants, t);
   detail::set_route_cuda_tuning({});
-  const int ctas = detail::route_cuda_last_ctas();
   const std::vector<uint64_t> host = download(static_cast<const uint64_t*>(buf.ptr), samples * words);
-  constexpr int P = detail::kRouteTracePoints;
-  // CTA 0's phases from clock64 (cycles; %globaltimer ticks are too coarse for sub-microsecond phases), converted
-  // with the SM clock measured over the same samples; span and skew across CTAs from %globaltimer.
-  std::vector<std::vector<double>> per_phase(P - 1);
-  std::vector<double> span, skew, cycles_per_ns;
-  for (int i = 0; i < samples; ++i) {
-    const uint64_t* x = host.data() + i * words;  // [cta][point][ns, clock]
-    auto ns = [&](int cta, int point) { return static_cast<double>(x[(cta * P + point) * 2]); };
-    auto clk = [&](int point) { return static_cast<double>(x[point * 2 + 1]); };
-    if (ns(0, P - 1) > ns(0, 0)) cycles_per_ns.push_back((clk(P - 1) - clk(0)) / (ns(0, P - 1) - ns(0, 0)));
-    double first = ns(0, 0), last = ns(0, P - 1), last_start = first;
-    for (int c = 1; c < ctas; ++c) {
-      first = std::min(first, ns(c, 0));
-      last_start = std::max(last_start, ns(c, 0));
-      last = std::max(last, ns(c, P - 1));
-    }
-    span.push_back((last - first) * 1e-3);
-    skew.push_back((last_start - first) * 1e-3);
-  }
-  const double rate = cycles_per_ns.empty() ? 1.0 : summarize(cycles_per_ns).median_us;  // cycles per ns
-  for (int i = 0; i < samples; ++i) {
-    const uint64_t* x = host.data() + i * words;
-    for (int k = 0; k + 1 < P; ++k)
-      per_phase[static_cast<size_t>(k)].push_back(
-          (static_cast<double>(x[(k + 1) * 2 + 1]) - static_cast<double>(x[k * 2 + 1])) / rate * 1e-3);
-  }
-  RoutePhases ph;
-  for (auto& v : per_phase) ph.cta0_us.push_back(summarize(v).median_us);
-  ph.span_us = summarize(span).median_us;
-  ph.sm_clock_ghz = rate;
-  ph.skew_us = summarize(skew).median_us;
-  ph.samples = samples;
-  return ph;
+  return route_phases_from_trace(host, samples, words, detail::route_cuda_last_ctas(), detail::kRouteTracePoints);
 }
 
 }  // namespace

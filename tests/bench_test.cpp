@@ -1,0 +1,98 @@
+// The benchmark library's host-side logic, on any machine: router fixtures, the router's phase times computed from
+// synthetic timestamps (expected values worked out here by hand), and the phase table and JSON fields in reports.
+#include "moekit/bench.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "moekit/error.h"
+
+namespace moekit::bench {
+namespace {
+
+// One sample slice, [cta][point][ns, clock]: CTA c starts at ns0 + 100 c; point p of CTA 0 at ns0 + gaps[0..p);
+// CTA 0's clock runs at `ghz` cycles per ns; the other CTAs end `tail` ns after CTA 0.
+std::vector<uint64_t> slice(int ctas, int points, uint64_t ns0, const std::vector<uint64_t>& gaps, double ghz,
+                            uint64_t tail) {
+  std::vector<uint64_t> x(static_cast<size_t>(ctas * points * 2), 0);
+  uint64_t t = ns0;
+  for (int p = 0; p < points; ++p) {
+    x[static_cast<size_t>(p * 2)] = t;
+    x[static_cast<size_t>(p * 2 + 1)] = static_cast<uint64_t>(static_cast<double>(t - ns0) * ghz) + 5000;
+    if (p + 1 < points) t += gaps[static_cast<size_t>(p)];
+  }
+  for (int c = 1; c < ctas; ++c) {
+    x[static_cast<size_t>((c * points) * 2)] = ns0 + 100 * static_cast<uint64_t>(c);
+    x[static_cast<size_t>((c * points + points - 1) * 2)] = t + tail;
+  }
+  return x;
+}
+
+TEST(BenchPhases, MediansSpanSkewAndClockFromTimestamps) {
+  const int ctas = 3, points = 4;
+  const std::vector<uint64_t> gaps{1000, 3000, 500};  // ns
+  std::vector<uint64_t> trace;
+  for (uint64_t ns0 : {1000000ull, 2000000ull, 3000000ull}) {
+    const std::vector<uint64_t> s = slice(ctas, points, ns0, gaps, 2.0, 250);
+    trace.insert(trace.end(), s.begin(), s.end());
+  }
+  const RoutePhases ph = route_phases_from_trace(trace, 3, ctas * points * 2, ctas, points);
+  ASSERT_EQ(ph.cta0_us.size(), 3u);
+  EXPECT_NEAR(ph.cta0_us[0], 1.0, 1e-9);
+  EXPECT_NEAR(ph.cta0_us[1], 3.0, 1e-9);
+  EXPECT_NEAR(ph.cta0_us[2], 0.5, 1e-9);
+  EXPECT_NEAR(ph.sm_clock_ghz, 2.0, 1e-9);
+  EXPECT_NEAR(ph.span_us, 4.75, 1e-9);  // 4500 ns of CTA 0 + 250 ns tail of the others
+  EXPECT_NEAR(ph.skew_us, 0.2, 1e-9);   // the last CTA starts 200 ns after the first
+  EXPECT_EQ(ph.samples, 3);
+}
+
+TEST(BenchPhases, RejectsATraceTooShortForItsShape) {
+  const std::vector<uint64_t> trace(10, 0);
+  EXPECT_THROW(route_phases_from_trace(trace, 2, 8, 1, 4), InvalidArgument);
+  EXPECT_THROW(route_phases_from_trace(trace, 1, 4, 1, 4), InvalidArgument);  // a slice needs 2 * 4 words
+}
+
+TEST(BenchRoute, FixturesAndUnknownName) {
+  const std::vector<RouteCase> seed6 = route_fixtures("seed6");
+  ASSERT_EQ(seed6.size(), 6u);
+  EXPECT_EQ(seed6[2].tokens, 8);
+  EXPECT_EQ(seed6[2].cfg.top_k, 10);
+  EXPECT_EQ(seed6[2].block, 8);
+  const std::vector<RouteCase> dsv3 = route_fixtures("dsv3");
+  ASSERT_EQ(dsv3.size(), 4u);
+  EXPECT_EQ(dsv3[0].cfg.method, RoutingMethod::sigmoid_grouped);
+  EXPECT_TRUE(dsv3[0].bias);
+  try {
+    route_fixtures("seed7");
+    FAIL() << "no exception";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("seed6, dsv3"), std::string::npos) << e.what();
+  }
+}
+
+TEST(BenchRoute, ReportsCarryThePhases) {
+  RouteResult r;
+  r.c = route_fixtures("dsv3")[0];
+  r.ctas = 1;
+  r.verified = true;
+  r.phases.cta0_us = {1.0, 3.0, 0.25, 0.0, 0.75, 0.5, 0.75};
+  r.phases.span_us = 6.5;
+  r.phases.sm_clock_ghz = 1.97;
+  r.phases.samples = 100;
+  const Ceilings c{"test GPU", 132, 1 << 20, 4e12, 0.6, 0.9};
+  const std::string md = route_markdown({r}, c);
+  EXPECT_NE(md.find("| setup | route | count | totals | offsets | scatter | padding |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| dsv3 | 1 | 1 | 1.00 | 3.00 | 0.25 | 0.00 | 0.75 | 0.50 | 0.75 | 6.50 | 0.00 | 1.97 |"),
+            std::string::npos)
+      << md;
+  const std::string js = route_json({r}, c);
+  EXPECT_NE(js.find("\"sm_clock_ghz\": 1.97"), std::string::npos) << js;
+  EXPECT_NE(js.find("\"span_us\": 6.5"), std::string::npos) << js;
+}
+
+}  // namespace
+}  // namespace moekit::bench
