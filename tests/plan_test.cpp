@@ -479,6 +479,53 @@ TEST(Route, CpuEndToEndByHand) {
   EXPECT_EQ(copy_of(v.extent, 2), (std::vector<int32_t>{8, 4}));
 }
 
+TEST(CopyPlan, HostToHostCopiesTheLastCallAndItsTokenCount) {
+  std::vector<float> logits = {0.1f, 3.0f, 2.0f, -1.0f, 5.0f, 0.0f, 0.0f, 4.0f, 0.0f, 0.0f, 1.0f, 0.0f};
+  RoutingConfig cfg{.method = RoutingMethod::softmax_topk, .num_experts = 4, .top_k = 2};
+  RoutePlan src(PlanShape{.max_tokens = 4, .num_experts = 4, .top_k = 2, .num_shared_experts = 0, .block = 2},
+                Device::cpu());
+  route(cfg, TensorView::contiguous(logits.data(), DType::f32, {3, 4}), {}, src);
+  RoutePlan dst(PlanShape{.max_tokens = 3, .num_experts = 4, .top_k = 2, .num_shared_experts = 0, .block = 2},
+                Device::cpu());
+  copy_plan(src, dst);
+  const RoutePlanView &s = src.view(), &d = dst.view();
+  EXPECT_EQ(d.tokens, 3);
+  EXPECT_EQ(copy_of(d.topk_ids, 6), copy_of(s.topk_ids, 6));
+  EXPECT_EQ(std::vector<float>(d.topk_weights, d.topk_weights + 6),
+            std::vector<float>(s.topk_weights, s.topk_weights + 6));
+  EXPECT_EQ(copy_of(d.expert_counts, 4), (std::vector<int32_t>{2, 1, 2, 1}));
+  EXPECT_EQ(copy_of(d.expert_offsets, 5), (std::vector<int32_t>{0, 2, 4, 6, 8}));
+  EXPECT_EQ(copy_of(d.sorted_slots, 10), (std::vector<int32_t>{2, 5, 0, 6, 1, 4, 3, 6, 6, 6}));
+  EXPECT_EQ(copy_of(d.slot_rows, 6), (std::vector<int32_t>{2, 4, 0, 6, 5, 1}));
+  EXPECT_EQ(copy_of(d.block_experts, 5), (std::vector<int32_t>{0, 1, 2, 3, -1}));
+  EXPECT_EQ(copy_of(d.extent, 2), (std::vector<int32_t>{8, 4}));
+}
+
+TEST(CopyPlan, RejectsAnotherShapeOrTooFewTokens) {
+  const PlanShape shape{.max_tokens = 4, .num_experts = 4, .top_k = 2, .num_shared_experts = 0, .block = 2};
+  RoutePlan src(shape, Device::cpu());
+  src.mutable_view().tokens = 4;
+  PlanShape other = shape;
+  other.block = 4;
+  RoutePlan wrong_block(other, Device::cpu());
+  try {
+    copy_plan(src, wrong_block);
+    ADD_FAILURE() << "no exception for another block size";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "moekit::copy_plan: dst shape (E 4, K 2, S 0, B 4) must equal src's (E 4, K 2, S 0, B 2)");
+  }
+  other = shape;
+  other.max_tokens = 3;
+  RoutePlan small(other, Device::cpu());
+  try {
+    copy_plan(src, small);
+    ADD_FAILURE() << "no exception for max_tokens below the tokens";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()), "moekit::copy_plan: dst max_tokens (3) must be >= src's tokens (4)");
+  }
+}
+
 TEST(Route, CpuSharedExpertsAndReplay) {
   const int T = 40, E = 16, K = 3, S = 1;
   std::mt19937 rng(3);

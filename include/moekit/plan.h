@@ -84,6 +84,12 @@ class RoutePlan {
   void* storage_ = nullptr;
 };
 
+/// Copies the plan arrays of src's last call (src.view().tokens tokens: every array of RoutePlanView except the
+/// router's workspace) into `dst` and sets dst's token count. Host to host, host to CUDA and CUDA to host;
+/// synchronous. Throws InvalidArgument when E, K, S or B differ or dst.max_tokens < src's tokens, NotSupported for
+/// two CUDA plans or without CUDA, CudaError when a copy fails.
+void copy_plan(const RoutePlan& src, RoutePlan& dst);
+
 /// CPU reference plan from topk ids: fills every field of `plan` except topk_ids/topk_weights (read from it) for
 /// `tokens` tokens. `plan` must be a host plan. Deterministic.
 void build_plan_reference(int64_t tokens, RoutePlanView& plan);

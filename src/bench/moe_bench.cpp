@@ -81,27 +81,6 @@ double measure_gemm_rate(bench::Harness& harness) {
   return 2.0 * n * double(n) * n / (st.median_us * 1e-6) / 1e12;
 }
 
-// Copies the device plan's arrays for its last call into a host plan of the same shape.
-void copy_plan_to_host(const RoutePlan& d, RoutePlan& h) {
-  const RoutePlanView& s = d.view();
-  RoutePlanView& v = h.mutable_view();
-  const PlanShape& ps = s.shape;
-  const int64_t t = s.tokens, kt = ps.slots(), g = ps.groups();
-  const int64_t cap = plan_capacity(t, ps.num_experts, ps.top_k, ps.num_shared_experts, ps.block);
-  auto d2h = [](void* to, const void* from, int64_t n) {
-    ck(cudaMemcpy(to, from, static_cast<size_t>(n * 4), cudaMemcpyDeviceToHost), "cudaMemcpy plan");
-  };
-  d2h(v.topk_ids, s.topk_ids, t * kt);
-  d2h(v.topk_weights, s.topk_weights, t * kt);
-  d2h(v.expert_counts, s.expert_counts, g);
-  d2h(v.expert_offsets, s.expert_offsets, g + 1);
-  d2h(v.sorted_slots, s.sorted_slots, cap);
-  d2h(v.slot_rows, s.slot_rows, t * kt);
-  d2h(v.block_experts, s.block_experts, cap / ps.block);
-  d2h(v.extent, s.extent, 2);
-  v.tokens = t;
-}
-
 std::vector<uint16_t> to_host_bf16(const void* p, int64_t n) {
   std::vector<uint16_t> h(static_cast<size_t>(n));
   ck(cudaMemcpy(h.data(), p, static_cast<size_t>(n * 2), cudaMemcpyDeviceToHost), "cudaMemcpy");
@@ -182,7 +161,7 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
     layer.run(plan, rows_of(hidden, t, h, DType::bf16), rows_of(out, t, h, DType::bf16), s, tactic);
     ck(cudaStreamSynchronize(s), "cudaStreamSynchronize");
     RoutePlan hplan(PlanShape{t, rcfg.num_experts, rcfg.top_k, rcfg.num_shared_experts, preset.block}, Device::cpu());
-    copy_plan_to_host(plan, hplan);
+    copy_plan(plan, hplan);
     std::vector<uint16_t> hx = to_host_bf16(hidden.p, t * h), got = to_host_bf16(out.p, t * h), want(t * h);
     ExpertWeights hwv;
     hwv.w13 = TensorView::contiguous(hw13.data(), DType::bf16, {ew, 2 * in, h});

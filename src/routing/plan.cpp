@@ -13,6 +13,7 @@
 #include <new>
 #include <utility>
 
+#include "moekit/device.h"
 #include "moekit/error.h"
 
 #if MOEKIT_HAS_CUDA
@@ -216,6 +217,45 @@ RoutePlan& RoutePlan::operator=(RoutePlan&& other) noexcept {
     storage_ = std::exchange(other.storage_, nullptr);
   }
   return *this;
+}
+
+void copy_plan(const RoutePlan& src, RoutePlan& dst) {
+  const PlanShape &a = src.shape(), &b = dst.shape();
+  const int64_t t = src.view().tokens;
+  if (a.num_experts != b.num_experts || a.top_k != b.top_k || a.num_shared_experts != b.num_shared_experts ||
+      a.block != b.block)
+    throw InvalidArgument("copy_plan", fmt::format("dst shape (E {}, K {}, S {}, B {}) must equal src's (E {}, K {}, "
+                                                   "S {}, B {})",
+                                                   b.num_experts, b.top_k, b.num_shared_experts, b.block,
+                                                   a.num_experts, a.top_k, a.num_shared_experts, a.block));
+  if (b.max_tokens < t)
+    throw InvalidArgument("copy_plan",
+                          fmt::format("dst max_tokens ({}) must be >= src's tokens ({})", b.max_tokens, t));
+  const bool from_cpu = src.device().is_cpu(), to_cpu = dst.device().is_cpu();
+  if (!from_cpu && !to_cpu) throw NotSupported("copy_plan", "copies between two CUDA plans are not supported");
+  auto copy = [&](void* to, const void* from, int64_t elements) {
+    const size_t bytes = static_cast<size_t>(elements) * 4;
+    if (bytes == 0) return;
+    if (from_cpu && to_cpu)
+      std::memcpy(to, from, bytes);
+    else if (to_cpu)
+      copy_to_host(to, from, bytes);
+    else
+      copy_to_device(to, from, bytes);
+  };
+  const RoutePlanView& s = src.view();
+  RoutePlanView& d = dst.mutable_view();
+  const int64_t kt = a.slots(), g = a.groups();
+  const int64_t cap = plan_capacity(t, a.num_experts, a.top_k, a.num_shared_experts, a.block);
+  copy(d.topk_ids, s.topk_ids, t * kt);
+  copy(d.topk_weights, s.topk_weights, t * kt);
+  copy(d.expert_counts, s.expert_counts, g);
+  copy(d.expert_offsets, s.expert_offsets, g + 1);
+  copy(d.sorted_slots, s.sorted_slots, cap);
+  copy(d.slot_rows, s.slot_rows, t * kt);
+  copy(d.block_experts, s.block_experts, cap / a.block);
+  copy(d.extent, s.extent, 2);
+  d.tokens = t;
 }
 
 void route(const RoutingConfig& cfg, const TensorView& logits, const TensorView& bias, RoutePlan& plan, Stream stream,

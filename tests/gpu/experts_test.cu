@@ -161,27 +161,6 @@ struct Problem {
   }
 };
 
-// Copies every plan array of `src` (host) into the device plan `dst` for src.tokens tokens.
-void copy_plan(const RoutePlan& src, RoutePlan& dst) {
-  const RoutePlanView& s = src.view();
-  RoutePlanView& d = dst.mutable_view();
-  const PlanShape& ps = s.shape;
-  const int64_t t = s.tokens, kt = ps.slots(), g = ps.groups();
-  const int64_t cap = plan_capacity(t, ps.num_experts, ps.top_k, ps.num_shared_experts, ps.block);
-  auto h2d = [](void* to, const void* from, int64_t bytes) {
-    if (bytes > 0) ASSERT_EQ(cudaMemcpy(to, from, bytes, cudaMemcpyHostToDevice), cudaSuccess);
-  };
-  h2d(d.topk_ids, s.topk_ids, t * kt * 4);
-  h2d(d.topk_weights, s.topk_weights, t * kt * 4);
-  h2d(d.expert_counts, s.expert_counts, g * 4);
-  h2d(d.expert_offsets, s.expert_offsets, (g + 1) * 4);
-  h2d(d.sorted_slots, s.sorted_slots, cap * 4);
-  h2d(d.slot_rows, s.slot_rows, t * kt * 4);
-  h2d(d.block_experts, s.block_experts, cap / ps.block * 4);
-  h2d(d.extent, s.extent, 2 * 4);
-  d.tokens = t;
-}
-
 double rel_frobenius(const std::vector<uint16_t>& got, const std::vector<uint16_t>& want) {
   if (got.size() != want.size()) return std::nan("");  // fails every <= check
   return relative_frobenius_bf16(got.data(), want.data(), static_cast<int64_t>(want.size()));
