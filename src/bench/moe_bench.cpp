@@ -37,16 +37,6 @@ void ck(cudaError_t err, std::string_view what) {
   }
 }
 
-struct DeviceMem {
-  void* p = nullptr;
-  explicit DeviceMem(int64_t bytes) {
-    ck(cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 16))), "cudaMalloc");
-  }
-  ~DeviceMem() { cudaFree(p); }
-  DeviceMem(const DeviceMem&) = delete;
-  DeviceMem& operator=(const DeviceMem&) = delete;
-};
-
 double median(std::vector<float> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0.0 : v[v.size() / 2];
@@ -56,9 +46,9 @@ double median(std::vector<float> v) {
 double measure_gemm_rate(bench::Harness& harness) {
   const int n = 8192;
   cudaStream_t s = static_cast<cudaStream_t>(harness.stream());
-  DeviceMem a(int64_t{n} * n * 2), b(int64_t{n} * n * 2), d(int64_t{n} * n * 2);
-  bench_detail::fill_uniform(a.p, int64_t{n} * n, true, 1.0f, 11, s);
-  bench_detail::fill_uniform(b.p, int64_t{n} * n, true, 1.0f, 12, s);
+  DeviceBuffer a(int64_t{n} * n * 2), b(int64_t{n} * n * 2), d(int64_t{n} * n * 2);
+  bench_detail::fill_uniform(a.data(), int64_t{n} * n, true, 1.0f, 11, s);
+  bench_detail::fill_uniform(b.data(), int64_t{n} * n, true, 1.0f, 12, s);
   cublasHandle_t h;
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw CudaError("bench", "cublasCreate failed");
   struct HandleGuard {
@@ -68,8 +58,9 @@ double measure_gemm_rate(bench::Harness& harness) {
   const float alpha = 1.0f, beta = 0.0f;
   const bench::LaunchFn gemm = [&](int, Stream st) {
     cublasSetStream(h, static_cast<cudaStream_t>(st));
-    if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a.p, CUDA_R_16BF, n, b.p, CUDA_R_16BF, n, &beta,
-                     d.p, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+    if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a.data(), CUDA_R_16BF, n, b.data(), CUDA_R_16BF, n,
+                     &beta, d.data(), CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                     CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
       throw CudaError("bench", "cublasGemmEx failed");
   };
   gemm(0, s);  // lets cuBLAS choose and load its kernel before the capture
@@ -107,29 +98,30 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
   const int64_t max_t = *std::max_element(o.tokens.begin(), o.tokens.end());
   const int64_t ew = cfg.weight_experts(), h = cfg.hidden, in = cfg.intermediate, e = cfg.num_experts;
 
-  DeviceMem w13(ew * 2 * in * h * 2), w2(ew * h * in * 2), hidden(max_t * h * 2), out(max_t * h * 2),
+  DeviceBuffer w13(ew * 2 * in * h * 2), w2(ew * h * in * 2), hidden(max_t * h * 2), out(max_t * h * 2),
       logits(max_t * e * 4), bias(e * 4), b13(ew * 2 * in * 4), b2(ew * h * 4);
-  bench_detail::fill_uniform(w13.p, ew * 2 * in * h, true, 1.0f / std::sqrt(float(h)), o.seed * 8 + 1, s);
-  bench_detail::fill_uniform(w2.p, ew * h * in, true, 1.0f / std::sqrt(float(in)), o.seed * 8 + 2, s);
-  bench_detail::fill_uniform(hidden.p, max_t * h, true, 1.0f, o.seed * 8 + 3, s);
-  bench_detail::fill_uniform(logits.p, max_t * e, false, 2.0f, o.seed * 8 + 4, s);
-  bench_detail::fill_uniform(bias.p, e, false, 0.5f, o.seed * 8 + 5, s);
-  bench_detail::fill_uniform(b13.p, ew * 2 * in, false, 0.5f, o.seed * 8 + 6, s);
-  bench_detail::fill_uniform(b2.p, ew * h, false, 0.5f, o.seed * 8 + 7, s);
+  bench_detail::fill_uniform(w13.data(), ew * 2 * in * h, true, 1.0f / std::sqrt(float(h)), o.seed * 8 + 1, s);
+  bench_detail::fill_uniform(w2.data(), ew * h * in, true, 1.0f / std::sqrt(float(in)), o.seed * 8 + 2, s);
+  bench_detail::fill_uniform(hidden.data(), max_t * h, true, 1.0f, o.seed * 8 + 3, s);
+  bench_detail::fill_uniform(logits.data(), max_t * e, false, 2.0f, o.seed * 8 + 4, s);
+  bench_detail::fill_uniform(bias.data(), e, false, 0.5f, o.seed * 8 + 5, s);
+  bench_detail::fill_uniform(b13.data(), ew * 2 * in, false, 0.5f, o.seed * 8 + 6, s);
+  bench_detail::fill_uniform(b2.data(), ew * h, false, 0.5f, o.seed * 8 + 7, s);
   ck(cudaStreamSynchronize(s), "cudaStreamSynchronize");
 
   ExpertWeights w;
-  w.w13 = TensorView::contiguous(w13.p, DType::bf16, {ew, 2 * in, h}, dev);
-  w.w2 = TensorView::contiguous(w2.p, DType::bf16, {ew, h, in}, dev);
+  w.w13 = TensorView::contiguous(w13.data(), DType::bf16, {ew, 2 * in, h}, dev);
+  w.w2 = TensorView::contiguous(w2.data(), DType::bf16, {ew, h, in}, dev);
   if (preset.has_expert_biases) {
-    w.b13 = TensorView::contiguous(b13.p, DType::f32, {ew, 2 * in}, dev);
-    w.b2 = TensorView::contiguous(b2.p, DType::f32, {ew, h}, dev);
+    w.b13 = TensorView::contiguous(b13.data(), DType::f32, {ew, 2 * in}, dev);
+    w.b2 = TensorView::contiguous(b2.data(), DType::f32, {ew, h}, dev);
   }
-  const TensorView bias_view = preset.has_bias ? TensorView::contiguous(bias.p, DType::f32, {e}, dev) : TensorView{};
+  const TensorView bias_view =
+      preset.has_bias ? TensorView::contiguous(bias.data(), DType::f32, {e}, dev) : TensorView{};
   RoutePlan plan(PlanShape{max_t, rcfg.num_experts, rcfg.top_k, rcfg.num_shared_experts, preset.block}, dev);
   CudaExperts layer({cfg, w, max_t, preset.block, dev});
-  auto rows_of = [&](const DeviceMem& m, int64_t t, int64_t cols, DType dt) {
-    return TensorView::contiguous(m.p, dt, {t, cols}, dev);
+  auto rows_of = [&](const DeviceBuffer& m, int64_t t, int64_t cols, DType dt) {
+    return TensorView::contiguous(m.data(), dt, {t, cols}, dev);
   };
 
   MoeBenchReport report;
@@ -148,13 +140,13 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
     const auto key = std::make_pair(tactic.gemm1 * 100 + tactic.gemm2, static_cast<int>(t));
     if (auto it = verified.find(key); it != verified.end()) return it->second;
     if (hw13.empty()) {
-      hw13 = to_host_bf16(w13.p, ew * 2 * in * h);
-      hw2 = to_host_bf16(w2.p, ew * h * in);
+      hw13 = to_host_bf16(w13.data(), ew * 2 * in * h);
+      hw2 = to_host_bf16(w2.data(), ew * h * in);
       if (preset.has_expert_biases) {
         hb13.resize(ew * 2 * in);
         hb2.resize(ew * h);
-        ck(cudaMemcpy(hb13.data(), b13.p, hb13.size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
-        ck(cudaMemcpy(hb2.data(), b2.p, hb2.size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
+        ck(cudaMemcpy(hb13.data(), b13.data(), hb13.size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
+        ck(cudaMemcpy(hb2.data(), b2.data(), hb2.size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
       }
     }
     route(rcfg, rows_of(logits, t, e, DType::f32), bias_view, plan, s);
@@ -162,7 +154,7 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
     ck(cudaStreamSynchronize(s), "cudaStreamSynchronize");
     RoutePlan hplan(PlanShape{t, rcfg.num_experts, rcfg.top_k, rcfg.num_shared_experts, preset.block}, Device::cpu());
     copy_plan(plan, hplan);
-    std::vector<uint16_t> hx = to_host_bf16(hidden.p, t * h), got = to_host_bf16(out.p, t * h), want(t * h);
+    std::vector<uint16_t> hx = to_host_bf16(hidden.data(), t * h), got = to_host_bf16(out.data(), t * h), want(t * h);
     ExpertWeights hwv;
     hwv.w13 = TensorView::contiguous(hw13.data(), DType::bf16, {ew, 2 * in, h});
     hwv.w2 = TensorView::contiguous(hw2.data(), DType::bf16, {ew, h, in});

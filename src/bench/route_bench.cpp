@@ -11,6 +11,7 @@
 #include <random>
 
 #include "moekit/bench.h"
+#include "moekit/device.h"
 #include "moekit/error.h"
 #include "moekit/plan.h"
 
@@ -180,14 +181,6 @@ void check(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw CudaError("bench", std::string(what) + " failed: " + cudaGetErrorString(e));
 }
 
-struct DeviceMemory {
-  void* ptr = nullptr;
-  explicit DeviceMemory(size_t bytes) { check(cudaMalloc(&ptr, bytes ? bytes : 16), "cudaMalloc"); }
-  ~DeviceMemory() { cudaFree(ptr); }
-  DeviceMemory(const DeviceMemory&) = delete;
-  DeviceMemory& operator=(const DeviceMemory&) = delete;
-};
-
 template <class T>
 std::vector<T> download(const T* src, int64_t n) {
   std::vector<T> v(static_cast<size_t>(n));
@@ -233,18 +226,18 @@ RoutePhases trace_phases(Harness& harness, const LaunchFn& call, int variants, c
                          int grid) {
   const int samples = std::max(1, timing.samples);
   const int64_t words = detail::route_cuda_trace_words();
-  DeviceMemory buf(static_cast<size_t>(samples * words) * 8);
-  check(cudaMemset(buf.ptr, 0, static_cast<size_t>(samples * words) * 8), "cudaMemset(trace)");
+  DeviceBuffer buf(static_cast<size_t>(samples * words) * 8);
+  check(cudaMemset(buf.data(), 0, static_cast<size_t>(samples * words) * 8), "cudaMemset(trace)");
   int64_t n = 0;
   const LaunchFn traced = [&](int v, Stream s) {
-    detail::set_route_cuda_tuning({grid, static_cast<uint64_t*>(buf.ptr) + (n++ % samples) * words});
+    detail::set_route_cuda_tuning({grid, static_cast<uint64_t*>(buf.data()) + (n++ % samples) * words});
     call(v, s);
   };
   TimingOptions t = timing;
   t.samples = samples;
   harness.kernel_time(traced, variants, t);
   detail::set_route_cuda_tuning({});
-  const std::vector<uint64_t> host = download(static_cast<const uint64_t*>(buf.ptr), samples * words);
+  const std::vector<uint64_t> host = download(static_cast<const uint64_t*>(buf.data()), samples * words);
   return route_phases_from_trace(host, samples, words, detail::route_cuda_last_ctas(), detail::kRouteTracePoints);
 }
 
@@ -269,15 +262,15 @@ std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCa
     std::normal_distribution<float> normal(0.0f, 2.0f), small(0.0f, 0.05f);
     std::vector<float> bias(static_cast<size_t>(E));
     for (float& b : bias) b = small(rng);
-    DeviceMemory d_bias(bias.size() * 4);
-    check(cudaMemcpy(d_bias.ptr, bias.data(), bias.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy(bias)");
+    DeviceBuffer d_bias(bias.size() * 4);
+    check(cudaMemcpy(d_bias.data(), bias.data(), bias.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy(bias)");
     const TensorView bias_dev =
-        c.bias ? TensorView::contiguous(d_bias.ptr, DType::f32, {E}, Device::cuda()) : TensorView{};
+        c.bias ? TensorView::contiguous(d_bias.data(), DType::f32, {E}, Device::cuda()) : TensorView{};
     const TensorView bias_host = c.bias ? TensorView::contiguous(bias.data(), DType::f32, {E}) : TensorView{};
-    DeviceMemory d_replay(static_cast<size_t>(T * K) * 2);
-    const TensorView replay_dev = TensorView::contiguous(d_replay.ptr, DType::i16, {T, K}, Device::cuda());
+    DeviceBuffer d_replay(static_cast<size_t>(T * K) * 2);
+    const TensorView replay_dev = TensorView::contiguous(d_replay.data(), DType::i16, {T, K}, Device::cuda());
 
-    std::vector<std::unique_ptr<DeviceMemory>> logits;
+    std::vector<std::unique_ptr<DeviceBuffer>> logits;
     std::string mismatch;
     for (int v = 0; v < variants; ++v) {
       std::vector<float> x(static_cast<size_t>(elems));
@@ -288,19 +281,19 @@ std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCa
         for (size_t i = 0; i < x.size(); ++i) x16[i] = float_to_bf16(x[i]);
       }
       const void* host = c.dtype == DType::bf16 ? static_cast<const void*>(x16.data()) : x.data();
-      logits.push_back(std::make_unique<DeviceMemory>(static_cast<size_t>(elems) * esz));
-      check(cudaMemcpy(logits.back()->ptr, host, static_cast<size_t>(elems) * esz, cudaMemcpyHostToDevice),
+      logits.push_back(std::make_unique<DeviceBuffer>(static_cast<size_t>(elems) * esz));
+      check(cudaMemcpy(logits.back()->data(), host, static_cast<size_t>(elems) * esz, cudaMemcpyHostToDevice),
             "cudaMemcpy(logits)");
       // Verify this variant.
       check(cudaMemset(plan.view().sorted_slots, 0xa5, shape.capacity() * 4), "poison");
-      route(c.cfg, TensorView::contiguous(logits.back()->ptr, c.dtype, {T, E}, Device::cuda()), bias_dev, plan,
+      route(c.cfg, TensorView::contiguous(logits.back()->data(), c.dtype, {T, E}, Device::cuda()), bias_dev, plan,
             stream, replay_dev);
       check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "route");
       std::vector<int16_t> replay_ref(static_cast<size_t>(T * K));
       route(c.cfg, TensorView::contiguous(const_cast<void*>(host), c.dtype, {T, E}), bias_host, ref, nullptr,
             TensorView::contiguous(replay_ref.data(), DType::i16, {T, K}));
       if (mismatch.empty())
-        mismatch = compare(c, plan.view(), ref.view(), download(static_cast<const int16_t*>(d_replay.ptr), T * K),
+        mismatch = compare(c, plan.view(), ref.view(), download(static_cast<const int16_t*>(d_replay.data()), T * K),
                            replay_ref);
     }
 
@@ -315,7 +308,7 @@ std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCa
       r.goal_us = T <= 1024 ? 4.0 : 20.0;
       detail::set_route_cuda_tuning({grid});
       const LaunchFn call = [&](int v, Stream s) {
-        route(c.cfg, TensorView::contiguous(logits[static_cast<size_t>(v)]->ptr, c.dtype, {T, E}, Device::cuda()),
+        route(c.cfg, TensorView::contiguous(logits[static_cast<size_t>(v)]->data(), c.dtype, {T, E}, Device::cuda()),
               bias_dev, plan, s, replay_dev);
       };
       call(0, stream);

@@ -44,20 +44,9 @@ uint32_t test_seed() {
   return seed;
 }
 
-// A device buffer freed on scope exit.
-struct DeviceBuffer {
-  void* p = nullptr;
-  explicit DeviceBuffer(size_t bytes) {
-    if (cudaMalloc(&p, bytes == 0 ? 16 : bytes) != cudaSuccess) p = nullptr;
-  }
-  ~DeviceBuffer() { cudaFree(p); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
-
 template <class T>
 void upload(DeviceBuffer& d, const std::vector<T>& h) {
-  ASSERT_EQ(cudaMemcpy(d.p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(d.data(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
 }
 
 std::vector<uint16_t> random_bf16(std::mt19937& rng, int64_t n, float scale) {
@@ -178,9 +167,9 @@ struct DeviceWeights {
     const Device dev = Device::cuda(0);
     auto put = [&](DeviceBuffer& d, const TensorView& h, TensorView& out) {
       if (!h.present()) return;
-      cudaMemcpy(d.p, h.data, h.numel() * dtype_size(h.dtype), cudaMemcpyHostToDevice);
+      cudaMemcpy(d.data(), h.data, h.numel() * dtype_size(h.dtype), cudaMemcpyHostToDevice);
       out = h;
-      out.data = d.p;
+      out.data = d.data();
       out.device = dev;
     };
     put(w13, p.host_weights.w13, view.w13);
@@ -207,14 +196,14 @@ void check_case(const Case& c, uint32_t salt) {
   copy_plan(prob.plan, dplan);
   DeviceBuffer dh(t * h * 2), dout(t * h * 2);
   upload(dh, prob.hidden);
-  MOEKIT_CUDA_OK(cudaMemset(dout.p, 0xff, t * h * 2));  // NaN poison: every element must be written
+  MOEKIT_CUDA_OK(cudaMemset(dout.data(), 0xff, t * h * 2));  // NaN poison: every element must be written
 
   CudaExperts layer({c.cfg, dw.view, std::max<int64_t>(t, 1), c.block, dev});
-  layer.run(dplan, TensorView::contiguous(dh.p, DType::bf16, {t, h}, dev),
-            TensorView::contiguous(dout.p, DType::bf16, {t, h}, dev), nullptr, c.tactic);
+  layer.run(dplan, TensorView::contiguous(dh.data(), DType::bf16, {t, h}, dev),
+            TensorView::contiguous(dout.data(), DType::bf16, {t, h}, dev), nullptr, c.tactic);
   MOEKIT_CUDA_OK(cudaDeviceSynchronize());
   std::vector<uint16_t> got(t * h);
-  MOEKIT_CUDA_OK(cudaMemcpy(got.data(), dout.p, t * h * 2, cudaMemcpyDeviceToHost));
+  MOEKIT_CUDA_OK(cudaMemcpy(got.data(), dout.data(), t * h * 2, cudaMemcpyDeviceToHost));
   const double err = rel_frobenius(got, want);
   EXPECT_LE(err, 1e-2) << "relative Frobenius error " << err;
 }
@@ -338,8 +327,8 @@ TEST(CudaExperts, GraphCaptureReplaysNewData) {
     DeviceBuffer dh(t * h * 2), dout(t * h * 2);
     upload(dh, first.hidden);
     CudaExperts layer({c.cfg, dw.view, t, c.block, dev});
-    const TensorView hv = TensorView::contiguous(dh.p, DType::bf16, {t, h}, dev);
-    const TensorView ov = TensorView::contiguous(dout.p, DType::bf16, {t, h}, dev);
+    const TensorView hv = TensorView::contiguous(dh.data(), DType::bf16, {t, h}, dev);
+    const TensorView ov = TensorView::contiguous(dout.data(), DType::bf16, {t, h}, dev);
 
     cudaStream_t stream;
     MOEKIT_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -359,11 +348,11 @@ TEST(CudaExperts, GraphCaptureReplaysNewData) {
       next.host_weights = first.host_weights;
       copy_plan(next.plan, dplan);
       upload(dh, next.hidden);
-      MOEKIT_CUDA_OK(cudaMemset(dout.p, 0xff, t * h * 2));
+      MOEKIT_CUDA_OK(cudaMemset(dout.data(), 0xff, t * h * 2));
       MOEKIT_CUDA_OK(cudaGraphLaunch(exec, stream));
       MOEKIT_CUDA_OK(cudaStreamSynchronize(stream));
       std::vector<uint16_t> got(t * h), want(t * h);
-      MOEKIT_CUDA_OK(cudaMemcpy(got.data(), dout.p, t * h * 2, cudaMemcpyDeviceToHost));
+      MOEKIT_CUDA_OK(cudaMemcpy(got.data(), dout.data(), t * h * 2, cudaMemcpyDeviceToHost));
       experts_reference(c.cfg, first.host_weights, TensorView::contiguous(next.hidden.data(), DType::bf16, {t, h}),
                         next.plan.view(), TensorView::contiguous(want.data(), DType::bf16, {t, h}));
       const double err = rel_frobenius(got, want);
@@ -389,8 +378,8 @@ TEST(CudaExperts, RejectsBadArguments) {
   const int64_t t = c.tokens, h = c.cfg.hidden;
   DeviceBuffer dh(t * h * 2), dout(t * h * 2);
   CudaExperts layer({c.cfg, dw.view, t, c.block, dev});
-  const TensorView hv = TensorView::contiguous(dh.p, DType::bf16, {t, h}, dev);
-  const TensorView ov = TensorView::contiguous(dout.p, DType::bf16, {t, h}, dev);
+  const TensorView hv = TensorView::contiguous(dh.data(), DType::bf16, {t, h}, dev);
+  const TensorView ov = TensorView::contiguous(dout.data(), DType::bf16, {t, h}, dev);
   try {
     layer.run(dplan, hv, ov, nullptr, {9, 0});
     ADD_FAILURE() << "no exception for tactic 9";
@@ -399,7 +388,7 @@ TEST(CudaExperts, RejectsBadArguments) {
               "moekit::experts: gemm1 tactic (9) must be one of: 0: gemv_8rows, 1: sm90_pingpong_64x128x64, "
               "2: sm90_cooperative_128x128x64, 3: sm90_cooperative_128x256x64");
   }
-  const TensorView wrong = TensorView::contiguous(dh.p, DType::f16, {t, h}, dev);
+  const TensorView wrong = TensorView::contiguous(dh.data(), DType::f16, {t, h}, dev);
   try {
     layer.run(dplan, wrong, ov);
     ADD_FAILURE() << "no exception for fp16 hidden";

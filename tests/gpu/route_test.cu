@@ -30,14 +30,6 @@ void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  explicit DeviceBuffer(size_t bytes) { ck(cudaMalloc(&ptr, bytes ? bytes : 1), "cudaMalloc"); }
-  ~DeviceBuffer() { cudaFree(ptr); }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-};
-
 uint64_t base_seed() {
   const char* s = std::getenv("MOEKIT_TEST_SEED");
   return s ? std::strtoull(s, nullptr, 10) : 20240611ull;
@@ -269,7 +261,7 @@ void check_case(const Case& c, uint64_t seed) {
   // GPU.
   const size_t esz = c.dtype == DType::bf16 ? 2 : 4;
   DeviceBuffer d_logits(static_cast<size_t>(T * in.stride) * esz + 16);
-  ck(cudaMemcpy(d_logits.ptr,
+  ck(cudaMemcpy(d_logits.data(),
                 c.dtype == DType::bf16 ? static_cast<const void*>(in.logits16.data()) : in.logits.data(),
                 static_cast<size_t>(T * in.stride) * esz, cudaMemcpyHostToDevice),
      "copy logits");
@@ -277,26 +269,26 @@ void check_case(const Case& c, uint64_t seed) {
   TensorView dev_bias;
   if (c.bias) {
     const bool b16 = c.bias_dtype == DType::bf16;
-    ck(cudaMemcpy(d_bias.ptr, b16 ? static_cast<const void*>(hb16.data()) : hb.data(),
+    ck(cudaMemcpy(d_bias.data(), b16 ? static_cast<const void*>(hb16.data()) : hb.data(),
                   c.cfg.num_experts * (b16 ? 2 : 4), cudaMemcpyHostToDevice),
        "copy bias");
-    dev_bias = TensorView::contiguous(d_bias.ptr, c.bias_dtype, {c.cfg.num_experts}, Device::cuda());
+    dev_bias = TensorView::contiguous(d_bias.data(), c.bias_dtype, {c.cfg.num_experts}, Device::cuda());
   }
   DeviceBuffer d_replay(static_cast<size_t>(R * K) * 2);
   std::vector<int16_t> replay_poison(static_cast<size_t>(R * K), int16_t{0x7777});
-  ck(cudaMemcpy(d_replay.ptr, replay_poison.data(), R * K * 2, cudaMemcpyHostToDevice), "copy replay");
+  ck(cudaMemcpy(d_replay.data(), replay_poison.data(), R * K * 2, cudaMemcpyHostToDevice), "copy replay");
   TensorView dev_replay;
-  if (c.replay) dev_replay = TensorView::contiguous(d_replay.ptr, DType::i16, {R, K}, Device::cuda());
+  if (c.replay) dev_replay = TensorView::contiguous(d_replay.data(), DType::i16, {R, K}, Device::cuda());
 
   RoutePlan plan(shape, Device::cuda());
   poison_plan(plan.view());
   detail::set_route_cuda_tuning({c.ctas});
-  route(c.cfg, logits_view(d_logits.ptr, c, T, in.stride, Device::cuda()), dev_bias, plan, nullptr, dev_replay);
+  route(c.cfg, logits_view(d_logits.data(), c, T, in.stride, Device::cuda()), dev_bias, plan, nullptr, dev_replay);
   detail::set_route_cuda_tuning({});
   ck(cudaDeviceSynchronize(), "route");
   const PlanHost got = read_plan(plan.view(), T, true);
   std::vector<int16_t> replay_got(static_cast<size_t>(R * K));
-  ck(cudaMemcpy(replay_got.data(), d_replay.ptr, R * K * 2, cudaMemcpyDeviceToHost), "copy replay back");
+  ck(cudaMemcpy(replay_got.data(), d_replay.data(), R * K * 2, cudaMemcpyDeviceToHost), "copy replay back");
 
   EXPECT_TRUE(same("topk_ids", got.ids, want.ids));
   if (c.cfg.method == RoutingMethod::softmax_topk && !c.cfg.renormalize) {
@@ -471,9 +463,9 @@ TEST_F(GpuRoute, ReusedPlanAcrossGrids) {
     SCOPED_TRACE("call " + std::to_string(call) + " T " + std::to_string(T) + " seed " + std::to_string(s));
     Case c{"reuse", cfg, T, 8};
     const Inputs in = make_inputs(c, s);
-    ck(cudaMemcpy(d_logits.ptr, in.logits.data(), T * 128 * 4, cudaMemcpyHostToDevice), "logits");
+    ck(cudaMemcpy(d_logits.data(), in.logits.data(), T * 128 * 4, cudaMemcpyHostToDevice), "logits");
     poison_plan(plan.view());
-    route(cfg, logits_view(d_logits.ptr, c, T, 128, Device::cuda()), {}, plan);
+    route(cfg, logits_view(d_logits.data(), c, T, 128, Device::cuda()), {}, plan);
     ck(cudaDeviceSynchronize(), "route");
     const PlanHost got = read_plan(plan.view(), T, true);
     RoutePlan ref(PlanShape{T, 128, 4, 0, 8}, Device::cpu());
@@ -499,12 +491,12 @@ TEST_F(GpuRoute, GraphReplayWithNewLogits) {
   c.bias = true;
   cudaStream_t stream;
   ck(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
-  const TensorView bias = TensorView::contiguous(d_bias.ptr, DType::f32, {256}, Device::cuda());
-  const TensorView replay = TensorView::contiguous(d_replay.ptr, DType::i16, {max_t, 8}, Device::cuda());
+  const TensorView bias = TensorView::contiguous(d_bias.data(), DType::f32, {256}, Device::cuda());
+  const TensorView replay = TensorView::contiguous(d_replay.data(), DType::i16, {max_t, 8}, Device::cuda());
 
   for (int64_t T : {max_t, int64_t{45}}) {
     c.tokens = T;
-    const TensorView logits = logits_view(d_logits.ptr, c, T, 256, Device::cuda());
+    const TensorView logits = logits_view(d_logits.data(), c, T, 256, Device::cuda());
     route(cfg, logits, bias, plan, stream, replay);  // first call outside the capture
     cudaGraph_t graph;
     cudaGraphExec_t exec;
@@ -517,8 +509,8 @@ TEST_F(GpuRoute, GraphReplayWithNewLogits) {
       SCOPED_TRACE("T " + std::to_string(T) + " replay " + std::to_string(rep) + " seed " + std::to_string(s));
       Case ci = c;
       const Inputs in = make_inputs(ci, s);
-      ck(cudaMemcpy(d_logits.ptr, in.logits.data(), T * 256 * 4, cudaMemcpyHostToDevice), "logits");
-      ck(cudaMemcpy(d_bias.ptr, in.bias.data(), 256 * 4, cudaMemcpyHostToDevice), "bias");
+      ck(cudaMemcpy(d_logits.data(), in.logits.data(), T * 256 * 4, cudaMemcpyHostToDevice), "logits");
+      ck(cudaMemcpy(d_bias.data(), in.bias.data(), 256 * 4, cudaMemcpyHostToDevice), "bias");
       poison_plan(plan.view());
       ck(cudaGraphLaunch(exec, stream), "graph launch");
       ck(cudaStreamSynchronize(stream), "graph sync");
@@ -554,8 +546,8 @@ __global__ void count_sigmoid_differences(uint32_t first, uint64_t n, unsigned l
 
 TEST_F(GpuRoute, FastSigmoidMatchesExactForEveryFloatAboveMinus69) {
   DeviceBuffer d_bad(8);
-  ck(cudaMemset(d_bad.ptr, 0, 8), "memset");
-  auto* bad = static_cast<unsigned long long*>(d_bad.ptr);
+  ck(cudaMemset(d_bad.data(), 0, 8), "memset");
+  auto* bad = static_cast<unsigned long long*>(d_bad.data());
   uint32_t minus69;
   const float m69 = -69.0f;
   std::memcpy(&minus69, &m69, 4);
