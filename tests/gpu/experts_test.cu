@@ -2,8 +2,9 @@
 // Frobenius error <= 1e-2 on fresh random inputs (the seed is printed; MOEKIT_TEST_SEED replays one). Cases:
 // reduced-size versions of every preset at T in {1, 7, 64, 1000}, every tactic pair, every activation x gate/up
 // layout with fp32 and bf16 biases, shared experts, empty experts, one hot expert, expert parallelism, CUDA-graph
-// capture then replay with new data, and the argument checks. Plans are built on the CPU (build_plan_reference)
-// and copied to the device, so these tests do not depend on the GPU router. Skips without an sm90 GPU.
+// capture then replay with new data, bitwise repeatability of every case, and the argument checks. Plans are built
+// on the CPU (build_plan_reference) and copied to the device, so these tests do not depend on the GPU router.
+// Skips without an sm90 GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -206,6 +207,15 @@ void check_case(const Case& c, uint32_t salt) {
   MOEKIT_CUDA_OK(cudaMemcpy(got.data(), dout.data(), t * h * 2, cudaMemcpyDeviceToHost));
   const double err = rel_frobenius(got, want);
   EXPECT_LE(err, 1e-2) << "relative Frobenius error " << err;
+
+  // Deterministic: a second run gives the same bits.
+  MOEKIT_CUDA_OK(cudaMemset(dout.data(), 0xff, t * h * 2));
+  layer.run(dplan, TensorView::contiguous(dh.data(), DType::bf16, {t, h}, dev),
+            TensorView::contiguous(dout.data(), DType::bf16, {t, h}, dev), nullptr, c.tactic);
+  MOEKIT_CUDA_OK(cudaDeviceSynchronize());
+  std::vector<uint16_t> again(t * h);
+  MOEKIT_CUDA_OK(cudaMemcpy(again.data(), dout.data(), t * h * 2, cudaMemcpyDeviceToHost));
+  EXPECT_TRUE(again == got) << "a second run changed the output";
 }
 
 // A preset shrunk to test size, keeping K, S, activation, layout and biases (what changes the code path).

@@ -2,10 +2,12 @@
 // slice of output columns); each warp owns two weight rows (GEMM1: gate(i) and up(i), so bias + activation fuse
 // into its epilogue; GEMM2: two output columns) and streams them with 16-byte non-coherent loads while the block's
 // rows (up to kRows per pass) are read from L1/L2. A plan block belongs to one expert (segments are padded to B),
-// so the block index gives the expert and its rows; blocks of padding, of other ranks or past the extent exit.
-// kRows is picked from min(T, B), the most rows a block can hold: with one row per block the kernel needs no
-// accumulators for eight, fits three CTAs per SM and keeps more weight loads in flight (measured on the H200:
-// docs/benchmarks.md).
+// so the block's entry of block_experts gives the expert (-1 past the extent) and its rows; blocks of padding and
+// of other ranks exit. A CTA lives only a few DRAM latencies, so its prologue is on the critical path: the first
+// k-step's weights are requested as soon as the expert is known, before the rows are looked up (GEMM2: before it
+// waits for GEMM1). kRows is picked from min(T, B), the most rows a block can hold: with one row per block the
+// kernel needs no accumulators for eight, fits three CTAs per SM and keeps more weight loads in flight (measured on
+// the H200: docs/benchmarks.md, also for 8 loads per row at two CTAs per SM, which was slower).
 #include <cuda_runtime.h>
 
 #include <array>
@@ -16,7 +18,8 @@ namespace moekit::detail {
 namespace {
 
 constexpr int kWarps = 8;
-constexpr int kDepth = 4;  // k-steps of weight loads issued together
+constexpr int kDepth = 4;  // 16-byte loads per weight row issued together: one k-step
+constexpr int kStep = 32 * 8 * kDepth;
 
 // Weights are read once: non-coherent, and not kept in L1 (the x rows are what L1 should hold).
 __device__ __forceinline__ uint4 load_stream(const void* p) {
@@ -25,10 +28,6 @@ __device__ __forceinline__ uint4 load_stream(const void* p) {
       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
       : "l"(p));
   return v;
-}
-
-__device__ __forceinline__ void prefetch_l2(const void* p) {
-  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 __device__ __forceinline__ void dot8(float& acc, const uint4& w, const uint4& x) {
@@ -45,27 +44,19 @@ __device__ __forceinline__ void dot8(float& acc, const uint4& w, const uint4& x)
 
 template <int kRows>  // rows per pass over the weights
 __global__ void __launch_bounds__(kWarps * 32, kRows == 1 ? 3 : 1) expert_gemv_kernel(GemvParams p) {
-  // GEMM1 follows the router, whose plan it needs at once; GEMM2 follows GEMM1 and reads the plan (complete
-  // before GEMM1 lets it start) and its weights before it waits for GEMM1's output.
+  // GEMM1 needs the router's plan at once: it waits, then lets GEMM2 launch. GEMM2 reads the plan (complete before
+  // GEMM1 let it start) and requests its first weights before it waits for GEMM1's output.
   if (p.gated) {
     wait_for_predecessor();
     allow_dependents();
   }
   const int64_t block = blockIdx.x;
-  const int64_t B = p.plan.block;
-  if (block * B >= p.plan.extent[0]) return;
-  const int expert = p.plan.block_experts[block];
-  if (expert < 0) return;
-  const int local = local_expert(p.map, expert);
-  if (local < 0) return;
-  const int64_t row_begin = block * B;
-  const int64_t row_end =
-      min(row_begin + B, static_cast<int64_t>(p.plan.expert_offsets[expert]) + p.plan.expert_counts[expert]);
-
+  const int expert = p.plan.block_experts[block];  // -1 past the extent
+  const int local = expert < 0 ? -1 : local_expert(p.map, expert);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int pair = blockIdx.y * kWarps + warp;  // gated: output column i; plain: columns 2*pair, 2*pair+1
+  const int pair = blockIdx.y * kWarps + warp;  // gated: column i; plain: columns 2 * pair, 2 * pair + 1
   const int pairs = p.gated ? p.n_out : p.n_out / 2;
-  if (pair >= pairs) return;
+  if (local < 0 || pair >= pairs) return;
   const int k = p.k;
   const int rows_w = p.gated ? 2 * p.n_out : p.n_out;  // weight rows per expert
   const int c0 = p.gated ? gate_column(p.layout, pair, p.n_out) : 2 * pair;
@@ -73,34 +64,38 @@ __global__ void __launch_bounds__(kWarps * 32, kRows == 1 ? 3 : 1) expert_gemv_k
   const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(p.w) + static_cast<int64_t>(local) * rows_w * k;
   const __nv_bfloat16* w0 = w + static_cast<int64_t>(c0) * k;
   const __nv_bfloat16* w1 = w + static_cast<int64_t>(c1) * k;
-  const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.x);
+  uint4 wa[kDepth], wb[kDepth];
+  auto load_step = [&](int k0) {
+#pragma unroll
+    for (int d = 0; d < kDepth; ++d) {
+      const int kk = k0 + d * 32 * 8;
+      wa[d] = kk < k ? load_stream(w0 + kk) : make_uint4(0, 0, 0, 0);
+      wb[d] = kk < k ? load_stream(w1 + kk) : make_uint4(0, 0, 0, 0);
+    }
+  };
+  load_step(lane * 8);  // in flight while the rows are looked up (and, in GEMM2, while GEMM1 finishes)
+  bool loaded = true;
+
+  const int64_t B = p.plan.block, row_begin = block * B;
+  const int64_t row_end =
+      min(row_begin + B, static_cast<int64_t>(p.plan.expert_offsets[expert]) + p.plan.expert_counts[expert]);
   if (!p.gated) {
-    // The first k-step's weights go to L2 while GEMM1 finishes.
-    const int kk = (lane % 16) * 64;
-    if (kk < min(k, 32 * 8 * kDepth)) prefetch_l2((lane < 16 ? w0 : w1) + kk);
     wait_for_predecessor();
     allow_dependents();
   }
-
+  const __nv_bfloat16* x = static_cast<const __nv_bfloat16*>(p.x);
   for (int64_t r0 = row_begin; r0 < row_end; r0 += kRows) {
     const int nr = static_cast<int>(min(static_cast<int64_t>(kRows), row_end - r0));
     const __nv_bfloat16* xr[kRows];
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int64_t row = r0 + min(r, nr - 1);
-      const int64_t src = p.gated ? p.plan.sorted_slots[row] / p.plan.slots : row;
-      xr[r] = x + src * k;
+      xr[r] = x + (p.gated ? p.plan.sorted_slots[row] / p.plan.slots : row) * k;
     }
     float acc0[kRows] = {}, acc1[kRows] = {};
-    // kDepth 16-byte weight loads per row in flight before the first FMA (the weights are the only DRAM stream).
-    for (int k0 = lane * 8; k0 < k; k0 += 32 * 8 * kDepth) {
-      uint4 wa[kDepth], wb[kDepth];
-#pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
-        const int kk = k0 + d * 32 * 8;
-        wa[d] = kk < k ? load_stream(w0 + kk) : make_uint4(0, 0, 0, 0);
-        wb[d] = kk < k ? load_stream(w1 + kk) : make_uint4(0, 0, 0, 0);
-      }
+    for (int k0 = lane * 8; k0 < k; k0 += kStep) {
+      if (!loaded) load_step(k0);
+      loaded = false;
 #pragma unroll
       for (int d = 0; d < kDepth; ++d) {
         const int kk = k0 + d * 32 * 8;
