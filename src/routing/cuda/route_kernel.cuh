@@ -5,7 +5,7 @@
 //      the workspace) and adds them to the expert totals; -- one grid barrier --; each CTA sums the rows of the
 //      CTAs before it (its base in every expert) and reads the totals;
 //   C. every CTA scans the padded counts into offsets (one CUB block scan), scatters its slots into
-//      sorted_slots/slot_rows, and the grid writes padding and block_experts.
+//      sorted_slots/slot_rows, and the grid writes padding and block_experts (a lane per group).
 // A single CTA (small T) needs no barrier and no workspace. The barrier counts arrivals and bumps a generation word,
 // resetting itself; the totals are double-buffered by the generation's parity (the buffer of the next call is
 // zeroed during this one), so graph replays need no re-initialization. Cross-CTA data is read with ld.cg (L2).
@@ -304,33 +304,21 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   }
   trace_point(p, 6);
 
-  // Padding rows and block -> expert, spread over the grid: consecutive blocks go to different CTAs, and a block's
-  // padding rows are written by 32 threads when B >= 32, 8 when B >= 8, one otherwise (they stride its rows).
+  // Padding rows and block -> expert, a lane per group: chunk q of 32 consecutive groups goes to CTA q % nb (then
+  // its next warp), and each lane writes its group's block_experts entries and the padding rows of its last block
+  // (its segment ends where the next group's begins). Blocks and rows past the extent: grid-stride.
   const int pad = T * Kt;
-  const int lanes_per_block = B >= 32 ? 32 : (B >= 8 ? 8 : 1);
-  const int64_t gthreads = static_cast<int64_t>(nb) * kThreads;
-  const int64_t gtid = static_cast<int64_t>(blockIdx.x) * kThreads + tid;
-  const int64_t nblocks = p.capacity / B;
-  const int used_blocks = used / B;
-  const int sub = tid % lanes_per_block;
-  for (int64_t b = blockIdx.x + static_cast<int64_t>(tid / lanes_per_block) * nb; b < nblocks;
-       b += static_cast<int64_t>(nb) * (kThreads / lanes_per_block)) {
-    if (b < used_blocks) {
-      const int r0 = static_cast<int>(b) * B;
-      int lo = 0, hi = G;  // last g with offs_s[g] <= r0
-      while (hi - lo > 1) {
-        const int mid = (lo + hi) >> 1;
-        if (offs_s[mid] <= r0)
-          lo = mid;
-        else
-          hi = mid;
-      }
-      if (sub == 0) p.block_experts[b] = lo;
-      for (int r = max(r0, offs_s[lo] + cnt_s[lo]) + sub; r < r0 + B; r += lanes_per_block) p.sorted_slots[r] = pad;
-    } else if (sub == 0) {
-      p.block_experts[b] = -1;
+  for (int q = blockIdx.x + nb * warp; q * 32 < G; q += nb * kWarps) {
+    const int g = q * 32 + lane;
+    if (g < G && cnt_s[g] > 0) {
+      const int begin = offs_s[g], end = offs_s[g + 1];
+      for (int b = begin / B; b < end / B; ++b) p.block_experts[b] = g;
+      for (int r = begin + cnt_s[g]; r < end; ++r) p.sorted_slots[r] = pad;
     }
   }
+  const int64_t gthreads = static_cast<int64_t>(nb) * kThreads;
+  const int64_t gtid = static_cast<int64_t>(blockIdx.x) * kThreads + tid;
+  for (int64_t b = used / B + gtid; b < p.capacity / B; b += gthreads) p.block_experts[b] = -1;
   for (int64_t r = used + gtid; r < p.capacity; r += gthreads) p.sorted_slots[r] = pad;
   trace_point(p, 7);
 }
