@@ -307,7 +307,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   // Padding rows and block -> expert, a lane per group: chunk q of 32 consecutive groups goes to CTA q % nb (then
   // its next warp), and each lane writes its group's block_experts entries and the padding rows of its last block
   // (its segment ends where the next group's begins). Blocks and rows past the extent: grid-stride. A lane's work
-  // is its group's rows / B stores plus at most B - 1: short with many experts (the fixtures: <= 17 blocks), long
+  // is its group's rows / B stores plus at most B - 1: ~40 + 7 on seed6 at T = 16384 (320 rows per expert), more
   // with a few experts, small B and many tokens (E = 8, B = 16, T = 16384: ~256 serial stores per lane).
   const int pad = T * Kt;
   for (int q = blockIdx.x + nb * warp; q * 32 < G; q += nb * kWarps) {
