@@ -449,6 +449,18 @@ TEST(RoutePlan, CudaDeviceWithoutCuda) {
 
 // ------------------------------------------------------------------------------------------------ route()
 
+// The plan of Route.CpuEndToEndByHand's three tokens: slots 0..5 -> 1,2 | 0,3 | 2,0: e0 {2,5}, e1 {0}, e2 {1,4},
+// e3 {3}; B=2, sentinel 6, cap(3) = 6 + 4 = 10.
+void expect_hand_plan(const RoutePlanView& v) {
+  EXPECT_EQ(v.tokens, 3);
+  EXPECT_EQ(copy_of(v.expert_counts, 4), (std::vector<int32_t>{2, 1, 2, 1}));
+  EXPECT_EQ(copy_of(v.expert_offsets, 5), (std::vector<int32_t>{0, 2, 4, 6, 8}));
+  EXPECT_EQ(copy_of(v.sorted_slots, 10), (std::vector<int32_t>{2, 5, 0, 6, 1, 4, 3, 6, 6, 6}));
+  EXPECT_EQ(copy_of(v.slot_rows, 6), (std::vector<int32_t>{2, 4, 0, 6, 5, 1}));
+  EXPECT_EQ(copy_of(v.block_experts, 5), (std::vector<int32_t>{0, 1, 2, 3, -1}));
+  EXPECT_EQ(copy_of(v.extent, 2), (std::vector<int32_t>{8, 4}));
+}
+
 // softmax_topk, E=4, K=2, B=2 on three tokens whose top-2 is plain from the logits (token 2 has a tie at 0.0
 // between experts 0, 1 and 3: the lower id, 0, wins the second slot).
 TEST(Route, CpuEndToEndByHand) {
@@ -469,14 +481,7 @@ TEST(Route, CpuEndToEndByHand) {
       EXPECT_NEAR(v.topk_weights[t * 2 + j], want, 1e-6 * want) << "token " << t << " slot " << j;
     }
   }
-  // Slots 0..5 -> 1,2 | 0,3 | 2,0: e0 {2,5}, e1 {0}, e2 {1,4}, e3 {3}; B=2, sentinel 6, cap(3) = 6 + 4 = 10.
-  EXPECT_EQ(v.tokens, 3);
-  EXPECT_EQ(copy_of(v.expert_counts, 4), (std::vector<int32_t>{2, 1, 2, 1}));
-  EXPECT_EQ(copy_of(v.expert_offsets, 5), (std::vector<int32_t>{0, 2, 4, 6, 8}));
-  EXPECT_EQ(copy_of(v.sorted_slots, 10), (std::vector<int32_t>{2, 5, 0, 6, 1, 4, 3, 6, 6, 6}));
-  EXPECT_EQ(copy_of(v.slot_rows, 6), (std::vector<int32_t>{2, 4, 0, 6, 5, 1}));
-  EXPECT_EQ(copy_of(v.block_experts, 5), (std::vector<int32_t>{0, 1, 2, 3, -1}));
-  EXPECT_EQ(copy_of(v.extent, 2), (std::vector<int32_t>{8, 4}));
+  expect_hand_plan(v);
 }
 
 TEST(CopyPlan, HostToHostCopiesTheLastCallAndItsTokenCount) {
@@ -489,16 +494,10 @@ TEST(CopyPlan, HostToHostCopiesTheLastCallAndItsTokenCount) {
                 Device::cpu());
   copy_plan(src, dst);
   const RoutePlanView &s = src.view(), &d = dst.view();
-  EXPECT_EQ(d.tokens, 3);
   EXPECT_EQ(copy_of(d.topk_ids, 6), copy_of(s.topk_ids, 6));
   EXPECT_EQ(std::vector<float>(d.topk_weights, d.topk_weights + 6),
             std::vector<float>(s.topk_weights, s.topk_weights + 6));
-  EXPECT_EQ(copy_of(d.expert_counts, 4), (std::vector<int32_t>{2, 1, 2, 1}));
-  EXPECT_EQ(copy_of(d.expert_offsets, 5), (std::vector<int32_t>{0, 2, 4, 6, 8}));
-  EXPECT_EQ(copy_of(d.sorted_slots, 10), (std::vector<int32_t>{2, 5, 0, 6, 1, 4, 3, 6, 6, 6}));
-  EXPECT_EQ(copy_of(d.slot_rows, 6), (std::vector<int32_t>{2, 4, 0, 6, 5, 1}));
-  EXPECT_EQ(copy_of(d.block_experts, 5), (std::vector<int32_t>{0, 1, 2, 3, -1}));
-  EXPECT_EQ(copy_of(d.extent, 2), (std::vector<int32_t>{8, 4}));
+  expect_hand_plan(d);
 }
 
 TEST(CopyPlan, RejectsAnotherShapeOrTooFewTokens) {
