@@ -65,6 +65,7 @@ struct Case {
   int block = 64;
   bool b13 = false, b2 = false;
   DType bias_dtype = DType::f32;
+  int bias_offset = 0;  // bytes the device biases sit past a 256-byte boundary (4: only 4-byte aligned)
   Routing routing = Routing::random;
   ExpertTactic tactic{};
 };
@@ -160,23 +161,24 @@ double rel_frobenius(const std::vector<uint16_t>& got, const std::vector<uint16_
 struct DeviceWeights {
   DeviceBuffer w13, w2, b13, b2;
   ExpertWeights view;
-  explicit DeviceWeights(const Problem& p)
+  DeviceWeights(const Problem& p, int bias_offset)
       : w13(p.w13.size() * 2),
         w2(p.w2.size() * 2),
-        b13(p.host_weights.b13.numel() * 4),
-        b2(p.host_weights.b2.numel() * 4) {
+        b13(p.host_weights.b13.numel() * 4 + 16),
+        b2(p.host_weights.b2.numel() * 4 + 16) {
     const Device dev = Device::cuda(0);
-    auto put = [&](DeviceBuffer& d, const TensorView& h, TensorView& out) {
+    auto put = [&](DeviceBuffer& d, const TensorView& h, TensorView& out, int offset) {
       if (!h.present()) return;
-      cudaMemcpy(d.data(), h.data, h.numel() * dtype_size(h.dtype), cudaMemcpyHostToDevice);
+      void* at = static_cast<char*>(d.data()) + offset;
+      cudaMemcpy(at, h.data, h.numel() * dtype_size(h.dtype), cudaMemcpyHostToDevice);
       out = h;
-      out.data = d.data();
+      out.data = at;
       out.device = dev;
     };
-    put(w13, p.host_weights.w13, view.w13);
-    put(w2, p.host_weights.w2, view.w2);
-    put(b13, p.host_weights.b13, view.b13);
-    put(b2, p.host_weights.b2, view.b2);
+    put(w13, p.host_weights.w13, view.w13, 0);
+    put(w2, p.host_weights.w2, view.w2, 0);
+    put(b13, p.host_weights.b13, view.b13, bias_offset);
+    put(b2, p.host_weights.b2, view.b2, bias_offset);
   }
 };
 
@@ -192,7 +194,7 @@ void check_case(const Case& c, uint32_t salt) {
                     prob.plan.view(), TensorView::contiguous(want.data(), DType::bf16, {t, h}));
 
   const Device dev = Device::cuda(0);
-  DeviceWeights dw(prob);
+  DeviceWeights dw(prob, c.bias_offset);
   RoutePlan dplan(prob.plan.shape(), dev);
   copy_plan(prob.plan, dplan);
   DeviceBuffer dh(t * h * 2), dout(t * h * 2);
@@ -299,6 +301,27 @@ TEST(CudaExperts, ActivationsLayoutsBiases) {
   }
 }
 
+// Biases only 4-byte aligned (the kernels fall back from 16-byte loads), on the decode and the grouped path.
+TEST(CudaExperts, MisalignedBiases) {
+  MOEKIT_REQUIRE_SM90();
+  uint32_t salt = 400;
+  for (GateUpLayout l : {GateUpLayout::gate_first, GateUpLayout::interleaved}) {
+    for (DType bias : {DType::f32, DType::bf16}) {
+      for (ExpertTactic tactic : {ExpertTactic{0, 0}, ExpertTactic{2, 2}}) {
+        Case c;
+        c.cfg = reduced(find_preset("gpt-oss-120b").experts);
+        c.cfg.gate_up = l;
+        c.tokens = 19;
+        c.b13 = c.b2 = true;
+        c.bias_dtype = bias;
+        c.bias_offset = 4;
+        c.tactic = tactic;
+        check_case(c, salt++);
+      }
+    }
+  }
+}
+
 TEST(CudaExperts, SkewedRoutingAndExpertParallelism) {
   MOEKIT_REQUIRE_SM90();
   uint32_t salt = 400;
@@ -331,7 +354,7 @@ TEST(CudaExperts, GraphCaptureReplaysNewData) {
     SCOPED_TRACE(describe(c));
     std::mt19937 rng(test_seed() ^ 0x5eed);
     Problem first(c, rng);
-    DeviceWeights dw(first);
+    DeviceWeights dw(first, 0);
     RoutePlan dplan(first.plan.shape(), dev);
     copy_plan(first.plan, dplan);
     DeviceBuffer dh(t * h * 2), dout(t * h * 2);
@@ -382,7 +405,7 @@ TEST(CudaExperts, RejectsBadArguments) {
   std::mt19937 rng(test_seed());
   Problem prob(c, rng);
   const Device dev = Device::cuda(0);
-  DeviceWeights dw(prob);
+  DeviceWeights dw(prob, c.bias_offset);
   RoutePlan dplan(prob.plan.shape(), dev);
   copy_plan(prob.plan, dplan);
   const int64_t t = c.tokens, h = c.cfg.hidden;
@@ -431,7 +454,7 @@ TEST(CudaExperts, DefaultTacticIsDeterministicAndValid) {
   std::mt19937 rng(test_seed());
   c.tokens = 1;
   Problem prob(c, rng);
-  DeviceWeights dw(prob);
+  DeviceWeights dw(prob, c.bias_offset);
   CudaExperts layer({c.cfg, dw.view, 16384, 64, Device::cuda(0)});
   const int n = static_cast<int>(cuda_expert_gemm_tactics().size());
   for (int64_t t : {1, 16, 64, 256, 1024, 4096, 16384}) {

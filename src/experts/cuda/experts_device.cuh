@@ -94,8 +94,10 @@ __device__ __forceinline__ int up_column(GateUpLayout l, int i, int inter) {
   return l == GateUpLayout::gate_first ? inter + i : (l == GateUpLayout::up_first ? i : 2 * i + 1);
 }
 
+/// 1 / (1 + e^-x) with the approximate exp and reciprocal (a few ulp; 0 for x < -87, where the exact value is
+/// below 1e-38).
 __device__ __forceinline__ float sigmoid_fast(float x) {
-  return 1.0f / (1.0f + __expf(-x));
+  return __fdividef(1.0f, 1.0f + __expf(-x));
 }
 
 __device__ __forceinline__ float gated_activation(Activation a, const ActivationParams& p, float gate, float up) {

@@ -1,7 +1,7 @@
 // The grouped path's memory-bound stages: gather (hidden rows into the plan's grouped order), bias + gated
-// activation over GEMM1's [rows, 2I] output, and the deterministic combine. One CTA per row (per token for the
-// combine), 16-byte vectors across its threads. The grid covers the host's bound on the rows for this T; rows past
-// the plan's device-side extent, padding rows and other ranks' rows return at once, so nothing needs a host sync.
+// activation over GEMM1's [rows, 2I] output, and the deterministic combine, all in 16-byte vectors. The
+// activation's grid covers the host's bound on the rows for this T; rows past the plan's device-side extent,
+// padding rows and other ranks' rows return at once, so nothing needs a host sync.
 #include <cuda_runtime.h>
 
 #include "experts/cuda/experts_device.cuh"
@@ -9,47 +9,118 @@
 namespace moekit::detail {
 namespace {
 
-constexpr int kRowThreads = 128;
+// Gather and activation: one warp per token (gather) or per row (activation), kWarpsPerCta of them per CTA, each
+// lane walking its token's or row's 16-byte chunks two at a time (both chunks' loads go out before either is
+// used). A warp's lookups are broadcast loads; a CTA per row spent most of its life in that lookup chain.
+constexpr int kWarpsPerCta = 8;
 
-__global__ void __launch_bounds__(kRowThreads) gather_rows_kernel(GatherParams p) {
-  const int64_t row = blockIdx.x;
-  if (row_local_expert(p.plan, p.map, row) < 0) return;
-  const int64_t token = p.plan.sorted_slots[row] / p.plan.slots;
-  const uint4* src = static_cast<const uint4*>(p.hidden) + token * (p.hidden_size / 8);
-  uint4* dst = static_cast<uint4*>(p.a1) + row * (p.hidden_size / 8);
-  for (int v = threadIdx.x; v < p.hidden_size / 8; v += kRowThreads) dst[v] = src[v];
+// Hidden row t is read once and written to the a1 row of each of its local slots.
+__global__ void __launch_bounds__(kWarpsPerCta * 32) gather_tokens_kernel(GatherParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + (threadIdx.x >> 5);
+  if (t >= p.plan.tokens) return;
+  const int kt = p.plan.slots;
+  int row = -1;
+  if (lane < kt && local_expert(p.map, p.plan.topk_ids[t * kt + lane]) >= 0) row = p.plan.slot_rows[t * kt + lane];
+  const uint32_t local = __ballot_sync(0xffffffffu, row >= 0);
+  const int vecs = p.hidden_size / 8;
+  const uint4* src = static_cast<const uint4*>(p.hidden) + t * vecs;
+  uint4* a1 = static_cast<uint4*>(p.a1);
+  for (int base = 0; base < vecs; base += 64) {  // warp-uniform trip count: every lane takes part in the shuffles
+    const int v0 = base + lane, v1 = v0 + 32;
+    const uint4 x0 = v0 < vecs ? src[v0] : uint4{};
+    const uint4 x1 = v1 < vecs ? src[v1] : uint4{};
+    for (uint32_t m = local; m != 0; m &= m - 1) {
+      const int64_t r = __shfl_sync(0xffffffffu, row, __ffs(m) - 1);
+      if (v0 < vecs) a1[r * vecs + v0] = x0;
+      if (v1 < vecs) a1[r * vecs + v1] = x1;
+    }
+  }
 }
 
-__global__ void __launch_bounds__(kRowThreads) activation_rows_kernel(ActivationKernelParams p) {
-  const int64_t row = blockIdx.x;
+/// b[0..7] = bias[index .. index + 7] (zeros without a bias): 16-byte loads where the address allows.
+__device__ __forceinline__ void load_bias8(const BiasRef& b, int64_t index, float (&out)[8]) {
+  if (b.data == nullptr) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out[j] = 0.0f;
+    return;
+  }
+  if (b.is_bf16) {
+    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(b.data) + index;
+    if (reinterpret_cast<uintptr_t>(q) % 16 == 0) {
+      const Bf16x8 v = load_bf16x8(q);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) out[j] = v.v[j];
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) out[j] = __bfloat162float(q[j]);
+    }
+  } else {
+    const float* q = static_cast<const float*>(b.data) + index;
+    if (reinterpret_cast<uintptr_t>(q) % 16 == 0) {
+      const float4 lo = *reinterpret_cast<const float4*>(q), hi = *reinterpret_cast<const float4*>(q + 4);
+      out[0] = lo.x, out[1] = lo.y, out[2] = lo.z, out[3] = lo.w;
+      out[4] = hi.x, out[5] = hi.y, out[6] = hi.z, out[7] = hi.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) out[j] = q[j];
+    }
+  }
+}
+
+/// Gate and up inputs of outputs [i0, i0 + 8) of one row: GEMM1's columns and their biases, split by layout.
+struct GateUp8 {
+  uint4 a, b;  // gate and up columns, or the 16 interleaved (gate, up) columns
+
+  __device__ __forceinline__ void load(const __nv_bfloat16* c1, GateUpLayout layout, int i0, int inter) {
+    if (layout == GateUpLayout::interleaved) {
+      a = *reinterpret_cast<const uint4*>(c1 + 2 * i0);
+      b = *reinterpret_cast<const uint4*>(c1 + 2 * i0 + 8);
+    } else {
+      a = *reinterpret_cast<const uint4*>(c1 + gate_column(layout, i0, inter));
+      b = *reinterpret_cast<const uint4*>(c1 + up_column(layout, i0, inter));
+    }
+  }
+
+  __device__ __forceinline__ void apply(const ActivationKernelParams& p, int64_t bias_base, int i0,
+                                        void* out) const {
+    const bool interleaved = p.layout == GateUpLayout::interleaved;
+    float bias_a[8], bias_b[8];
+    load_bias8(p.b13, bias_base + (interleaved ? 2 * i0 : gate_column(p.layout, i0, p.intermediate)), bias_a);
+    load_bias8(p.b13, bias_base + (interleaved ? 2 * i0 + 8 : up_column(p.layout, i0, p.intermediate)), bias_b);
+    const Bf16x8 va = load_bf16x8(&a), vb = load_bf16x8(&b);
+    float x[16];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) x[j] = va.v[j] + bias_a[j], x[8 + j] = vb.v[j] + bias_b[j];
+    float r[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      // interleaved: gate(i0 + j) and up(i0 + j) are columns 2j and 2j + 1 of the 16; else j and 8 + j.
+      const float g = interleaved ? x[2 * j] : x[j];
+      const float u = interleaved ? x[2 * j + 1] : x[8 + j];
+      r[j] = gated_activation(p.activation, p.act_params, g, u);
+    }
+    store_bf16x8(out, r);
+  }
+};
+
+__global__ void __launch_bounds__(kWarpsPerCta * 32) activation_rows_kernel(ActivationKernelParams p) {
+  const int lane = threadIdx.x & 31;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + (threadIdx.x >> 5);
+  if (row >= p.plan.capacity) return;
   const int expert = row_local_expert(p.plan, p.map, row);
   if (expert < 0) return;
   const int inter = p.intermediate;
   const __nv_bfloat16* c1 = static_cast<const __nv_bfloat16*>(p.c1) + row * 2 * inter;
+  __nv_bfloat16* act = static_cast<__nv_bfloat16*>(p.act) + row * inter;
   const int64_t bias_base = static_cast<int64_t>(expert) * 2 * inter;
-  for (int i0 = threadIdx.x * 8; i0 < inter; i0 += kRowThreads * 8) {
-    float gate[8], up[8];
-    if (p.layout == GateUpLayout::interleaved) {
-      const Bf16x8 lo = load_bf16x8(c1 + 2 * i0), hi = load_bf16x8(c1 + 2 * i0 + 8);
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        gate[j] = lo.v[2 * j], up[j] = lo.v[2 * j + 1];
-        gate[4 + j] = hi.v[2 * j], up[4 + j] = hi.v[2 * j + 1];
-      }
-    } else {
-      const Bf16x8 g = load_bf16x8(c1 + gate_column(p.layout, i0, inter));
-      const Bf16x8 u = load_bf16x8(c1 + up_column(p.layout, i0, inter));
-#pragma unroll
-      for (int j = 0; j < 8; ++j) gate[j] = g.v[j], up[j] = u.v[j];
-    }
-    float out[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const float g = gate[j] + load_bias(p.b13, bias_base + gate_column(p.layout, i0 + j, inter));
-      const float u = up[j] + load_bias(p.b13, bias_base + up_column(p.layout, i0 + j, inter));
-      out[j] = gated_activation(p.activation, p.act_params, g, u);
-    }
-    store_bf16x8(static_cast<__nv_bfloat16*>(p.act) + row * inter + i0, out);
+  for (int i0 = lane * 8; i0 < inter; i0 += 2 * 32 * 8) {
+    const int i1 = i0 + 32 * 8;
+    GateUp8 x0, x1;
+    x0.load(c1, p.layout, i0, inter);
+    if (i1 < inter) x1.load(c1, p.layout, i1, inter);
+    x0.apply(p, bias_base, i0, act + i0);
+    if (i1 < inter) x1.apply(p, bias_base, i1, act + i1);
   }
 }
 
@@ -106,16 +177,16 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
 }  // namespace
 
 void launch_gather(const GatherParams& p, Stream stream) {
-  if (p.plan.capacity == 0) return;
-  gather_rows_kernel<<<static_cast<unsigned>(p.plan.capacity), kRowThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      p);
-  check_launch("gather_rows_kernel");
+  if (p.plan.tokens == 0) return;
+  const auto ctas = static_cast<unsigned>((p.plan.tokens + kWarpsPerCta - 1) / kWarpsPerCta);
+  gather_tokens_kernel<<<ctas, kWarpsPerCta * 32, 0, static_cast<cudaStream_t>(stream)>>>(p);
+  check_launch("gather_tokens_kernel");
 }
 
 void launch_activation(const ActivationKernelParams& p, Stream stream) {
   if (p.plan.capacity == 0) return;
-  activation_rows_kernel<<<static_cast<unsigned>(p.plan.capacity), kRowThreads, 0,
-                           static_cast<cudaStream_t>(stream)>>>(p);
+  const auto ctas = static_cast<unsigned>((p.plan.capacity + kWarpsPerCta - 1) / kWarpsPerCta);
+  activation_rows_kernel<<<ctas, kWarpsPerCta * 32, 0, static_cast<cudaStream_t>(stream)>>>(p);
   check_launch("activation_rows_kernel");
 }
 

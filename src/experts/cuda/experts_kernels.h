@@ -89,7 +89,7 @@ struct FillProblemsParams {
 };
 void launch_fill_problems(const FillProblemsParams& p, Stream stream);
 
-/// a1[r] = hidden[sorted_slots[r] / Kt] for every used row r of a local expert.
+/// a1[slot_rows[t, j]] = hidden[t] for every token t and local slot j (each hidden row read once).
 struct GatherParams {
   PlanArrays plan;
   ExpertMap map;
