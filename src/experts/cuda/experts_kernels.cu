@@ -82,8 +82,7 @@ struct GateUp8 {
     }
   }
 
-  __device__ __forceinline__ void apply(const ActivationKernelParams& p, int64_t bias_base, int i0,
-                                        void* out) const {
+  __device__ __forceinline__ void apply(const ActivationKernelParams& p, int64_t bias_base, int i0, void* out) const {
     const bool interleaved = p.layout == GateUpLayout::interleaved;
     float bias_a[8], bias_b[8];
     load_bias8(p.b13, bias_base + (interleaved ? 2 * i0 : gate_column(p.layout, i0, p.intermediate)), bias_a);
