@@ -38,7 +38,10 @@ uint64_t base_seed() {
 // lane_crowded: the experts one warp lane holds in the router's register layout (lane 3 of every 32*V block, V = 4
 // fp32 or 8 bf16 values) get +50, so that lane supplies every winner. nan: ~30% NaN, every 7th row all NaN.
 // wide: standard deviation 80, so about 40% of logits are below -69 (the sigmoid's exact-division path).
-enum class Dist { normal, ties, coarse, hot, positive, lane_crowded, nan, wide };
+// tied_32 / tied_33: one logit of 5 in each of the 32 lanes' first values (plus one more in lane 0's second chunk
+// for tied_33), the rest normal: exactly 32 (33) values reach the router's selection threshold, the edge between
+// its threshold selection and its selection by rounds.
+enum class Dist { normal, ties, coarse, hot, positive, lane_crowded, nan, wide, tied_32, tied_33 };
 
 struct Case {
   std::string name;
@@ -175,6 +178,14 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
         case Dist::wide:
           v = normal(rng) * 40.0f;
           break;
+        case Dist::tied_32:
+        case Dist::tied_33: {
+          const int per_lane = c.dtype == DType::bf16 ? 8 : 4;
+          v = (e % per_lane == 0 && e < 32 * per_lane) || (c.dist == Dist::tied_33 && e == 32 * per_lane)
+                  ? 5.0f
+                  : std::fmin(normal(rng), 4.0f);
+          break;
+        }
       }
       if (c.dtype == DType::bf16) v = round_to_bf16(v);
       in.logits[t * in.stride + e] = v;
@@ -390,6 +401,12 @@ std::vector<Case> cases() {
   v.back().replay = false;
   add({"single_cta_edge_t16", make_routing_config(M::topk_softmax, 96, 5, 1, false), 16, 4});
   add({"first_grid_t17", make_routing_config(M::topk_softmax, 96, 5, 1, false), 17, 4});
+  for (Dist d : {Dist::tied_32, Dist::tied_33}) {
+    Case c{d == Dist::tied_32 ? "tied_32_e256_k8" : "tied_33_e256_k8", make_routing_config(M::softmax_topk, 256, 8),
+           300, 16};
+    c.dist = d;
+    add(c);
+  }
   {
     Case c{"lane_crowded_e512_k10", make_routing_config(M::softmax_topk, 512, 10), 200, 8};
     c.dist = Dist::lane_crowded;

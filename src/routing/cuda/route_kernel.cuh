@@ -44,7 +44,7 @@ __host__ __device__ inline int bias_words(int experts) {
 
 /// Byte offsets of the dynamic shared memory regions (host and device agree on this).
 struct SmemLayout {
-  int hist = 0, bias = 0, sel = 0, scratch = 0, counts = 0, offsets = 0, base = 0, info = 0, total = 0;
+  int hist = 0, bias = 0, sel = 0, cand = 0, scratch = 0, counts = 0, offsets = 0, base = 0, info = 0, total = 0;
   int warp_words = 0;  // per-warp scratch of shared-memory group limiting: keys [E] + 32 kept-mask words
 
   __host__ __device__ static int align16(int b) { return (b + 15) & ~15; }
@@ -61,6 +61,8 @@ struct SmemLayout {
     at = align16(at + bias_words(experts) * 4);
     l.sel = at;  // per warp: 32 (expert, value) pairs of the selection
     at = align16(at + kWarps * 32 * 8);
+    l.cand = at;  // per warp: 32 (key, expert, value, -) candidates of the threshold selection
+    at = align16(at + kWarps * 32 * 16);
     l.scratch = at;  // group scratch during A, per-CTA partial sums during B
     at = align16(at + (group_bytes > partial_bytes ? group_bytes : partial_bytes));
     l.counts = at;
@@ -148,6 +150,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   uint16_t* hist = reinterpret_cast<uint16_t*>(smem + L.hist);  // [kWarps][e_pad]
   float* bias_s = reinterpret_cast<float*>(smem + L.bias);      // [bias_words(E)], zero past E
   uint2* sel = reinterpret_cast<uint2*>(smem + L.sel) + warp * 32;
+  uint4* cand = reinterpret_cast<uint4*>(smem + L.cand) + warp * 32;
   int* cnt_s = reinterpret_cast<int*>(smem + L.counts);           // [G]
   int* offs_s = reinterpret_cast<int*>(smem + L.offsets);         // [G+1]
   int* base_s = reinterpret_cast<int*>(smem + L.base);            // [E]
@@ -185,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     uint16_t* my_hist = hist + warp * e_pad;
     for (int t = t0; t < t1; ++t) {
       const uint32_t info =
-          route_token<In, NC, kSigmoid>(p, t, row, t + 1 < t1 ? t + 1 : -1, lane, bias_s, my_hist, ws, sel);
+          route_token<In, NC, kSigmoid>(p, t, row, t + 1 < t1 ? t + 1 : -1, lane, bias_s, my_hist, ws, sel, cand);
       if (lane < K) {
         if (p.info_words > 0)
           info_s[(t - cta_t0) * K + lane] = info;

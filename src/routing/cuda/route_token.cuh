@@ -2,9 +2,11 @@
 // consecutive experts of each 32*V-wide chunk, NC chunks, so the expert capacity is a compile-time constant and
 // every per-value loop unrolls into registers), computes each selection key once with routing_math (bit-identical
 // to the CPU) as an order-preserving integer (0 = not selectable, NaN = 1), applies group limiting, then picks
-// the K best by K rounds of a warp argmax (a REDUX on the key; a second one on the expert only when keys tie).
-// Each lane offers its own best and keeps its second best, so only a lane that wins twice rescans its keys (those
-// below the last one it gave away: a lane's winners always leave in descending order). The whole path is one
+// the K best. Usually by a threshold (the K-th largest lane maximum) that few values reach, ranking those few
+// against each other; otherwise (many ties, a few lanes holding every winner) by K rounds of a warp argmax (a
+// REDUX on the key; a second one on the expert only when keys tie), where each lane offers its own best and keeps
+// its second best, so only a lane that wins twice rescans its keys (those below the last one it gave away: a
+// lane's winners always leave in descending order). The whole path is one
 // dependent chain per token, so it is written for latency: no per-value branches (the bias is a zero-padded
 // shared row, the sigmoid's division has its rare slow path hoisted out of the value loop), the winners' values
 // travel with their keys instead of being reloaded, and groups that sit in whole lanes are scored in registers.
@@ -191,6 +193,69 @@ __device__ __forceinline__ void lane_top2(const uint32_t (&k)[VPT], const float 
   }
 }
 
+/// Stores (a, b, c, d) to the shared address `addr` when `pred` holds.
+__device__ __forceinline__ void st_shared4_if(bool pred, uint32_t addr, uint32_t a, uint32_t b, uint32_t c,
+                                              uint32_t d) {
+  asm volatile("{\n .reg .pred p;\n setp.ne.u32 p, %0, 0;\n @p st.shared.v4.u32 [%1], {%2, %3, %4, %5};\n}" ::"r"(
+                   static_cast<uint32_t>(pred)),
+               "r"(addr), "r"(a), "r"(b), "r"(c), "r"(d)
+               : "memory");
+}
+
+/// The K best values (key descending, then expert ascending) into sel[0, K) as (expert, value), when at most 32
+/// values reach the threshold below; returns false, having written nothing to sel, when more do (ties, a few
+/// lanes holding everything), and the caller selects by rounds instead. The threshold is the K-th largest of
+/// the 32 lanes' maxima (a bitonic sort across the lanes): at least K values reach it, so the K best are among
+/// those that do. Those candidates are compacted into `cand` (32 x (key, expert, value) per warp) and each
+/// candidate's rank is counted against all of them: a fixed number of steps instead of K dependent rounds.
+template <int V, int VPT>
+__device__ __forceinline__ bool select_by_threshold(const uint32_t (&k)[VPT], const float (&v)[VPT], int K, int lane,
+                                                    uint4* cand, uint2* sel) {
+  uint32_t m = 0;
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) m = max(m, k[j]);
+#pragma unroll
+  for (int size = 2; size <= 32; size <<= 1)
+#pragma unroll
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {  // descending: lane i ends with the (i+1)-th largest
+      const uint32_t o = __shfl_xor_sync(kFullMask, m, stride);
+      m = ((lane & size) == 0) == ((lane & stride) == 0) ? max(m, o) : min(m, o);
+    }
+  const uint32_t thr = max(__shfl_sync(kFullMask, m, K - 1), 1u);  // key 0 is "none", never a candidate
+  int n = 0;
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) n += k[j] >= thr ? 1 : 0;
+  int at = n;  // inclusive scan of the lanes' counts
+#pragma unroll
+  for (int off = 1; off < 32; off <<= 1) {
+    const int o = __shfl_up_sync(kFullMask, at, off);
+    at += lane >= off ? o : 0;
+  }
+  const int total = __shfl_sync(kFullMask, at, 31);
+  if (total > 32) return false;
+  at -= n;
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(cand));
+#pragma unroll
+  for (int j = 0; j < VPT; ++j) {
+    const bool c = k[j] >= thr;
+    st_shared4_if(c, base + 16u * static_cast<uint32_t>(at), k[j], static_cast<uint32_t>(expert_of<V>(j, lane)),
+                  __float_as_uint(v[j]), 0u);
+    at += c ? 1 : 0;
+  }
+  __syncwarp();
+  if (lane < total) {
+    const uint4 mine = cand[lane];
+    int rank = 0;
+#pragma unroll 2
+    for (int i = 0; i < total; ++i) {
+      const uint2 o = *reinterpret_cast<const uint2*>(cand + i);
+      rank += o.x > mine.x || (o.x == mine.x && o.y < mine.y) ? 1 : 0;
+    }
+    if (rank < K) sel[rank] = make_uint2(mine.y, mine.z);
+  }
+  return true;
+}
+
 /// Stores (a, b) to the shared address `addr` when `pred` holds: one predicated instruction, no branch.
 __device__ __forceinline__ void st_shared_if(bool pred, uint32_t addr, uint32_t a, uint32_t b) {
   asm volatile("{\n .reg .pred p;\n setp.ne.u32 p, %0, 0;\n @p st.shared.v2.u32 [%1], {%2, %3};\n}" ::"r"(
@@ -235,7 +300,8 @@ __device__ __forceinline__ void sigmoid_all(const float (&x)[VPT], float (&s)[VP
 template <int V, int VPT>
 __device__ __forceinline__ void limit_groups_in_lanes(const RouteParams& p, uint32_t (&k)[VPT], int lane) {
   constexpr int NC = VPT / V;
-  const int lpg = p.group_lanes, per_chunk = 32 / lpg, ng = p.n_group;
+  const int lpg = p.group_lanes, ng = p.n_group;
+  const int lpg_shift = __ffs(lpg) - 1, per_chunk = 32 >> lpg_shift;  // lpg is a power of two: no divisions
   uint32_t a1[NC], a2[NC];
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
@@ -257,7 +323,7 @@ __device__ __forceinline__ void limit_groups_in_lanes(const RouteParams& p, uint
     }
   }
   // Lane g (< ng) fetches group g's score from the first lane of that group.
-  const int src = (lane % per_chunk) * lpg, mine_chunk = lane / per_chunk;
+  const int src = (lane & (per_chunk - 1)) << lpg_shift, mine_chunk = lane >> (5 - lpg_shift);
   uint32_t mine = 0;
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
@@ -274,7 +340,7 @@ __device__ __forceinline__ void limit_groups_in_lanes(const RouteParams& p, uint
   const uint32_t kept = __ballot_sync(kFullMask, lane < ng && rank < p.topk_group);
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
-    const int g = c * per_chunk + lane / lpg;
+    const int g = c * per_chunk + (lane >> lpg_shift);
 #pragma unroll
     for (int i = 0; i < V; ++i)
       if (g >= 32 || !((kept >> g) & 1u)) k[c * V + i] = 0u;  // groups >= n_group hold no valid expert
@@ -350,13 +416,13 @@ __device__ __forceinline__ void limit_groups(const RouteParams& p, uint32_t (&k)
 /// Routes token t from `row` and, once the keys are computed, starts loading token `next` (if >= 0) into `row`.
 /// kSigmoid: the key is sigmoid(logit) + bias (sigmoid_grouped), else logit + bias. `bias_s` is the bias row in
 /// shared memory, zero-padded to the kernel's expert capacity (all zeros without a bias: adding +0 changes no
-/// key's order). `sel` is 32 (expert, value) pairs of per-warp shared scratch. Writes the token's ids, weights
-/// and replay row; returns (expert << 16 | rank in warp) of slot `lane` (lanes < K; ranks count earlier tokens of
-/// this warp, so the plan is deterministic) and bumps the warp's histogram.
+/// key's order). `sel` is 32 (expert, value) pairs and `cand` 32 candidates of per-warp shared scratch. Writes the
+/// token's ids, weights and replay row; returns (expert << 16 | rank in warp) of slot `lane` (lanes < K; ranks count
+/// earlier tokens of this warp, so the plan is deterministic) and bumps the warp's histogram.
 template <class In, int NC, bool kSigmoid>
 __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t, RowRegs<In, NC>& row, int64_t next,
                                                 int lane, const float* bias_s, uint16_t* hist, const WarpScratch& ws,
-                                                uint2* sel) {
+                                                uint2* sel, uint4* cand) {
   constexpr int V = RowRegs<In, NC>::V;
   constexpr int VPT = NC * V;
   const int E = p.experts, K = p.top_k;
@@ -430,42 +496,47 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
   };
   if constexpr (!kSigmoid && VPT <= 16) softmax_stats();
 
-  // K rounds of warp argmax over the lanes' offers; the winner falls back to its second best. Ties on the key
-  // (rare) take a second REDUX for the lowest expert.
+  // Selection: by threshold when at most 32 values reach it, else K rounds of warp argmax over the lanes'
+  // offers, where the winner falls back to its second best. Ties on the key (rare) take a second REDUX for the
+  // lowest expert.
   // The common path of a round has no divergent branch: the winner stores round r's expert and value to sel[r]
   // and updates its offers under predicates, and the rescan (a lane winning twice since its last scan) runs
   // warp-uniformly over the values not yet taken.
-  Offer first, second;
-  uint32_t taken = 0;
-  lane_top2(k, v, taken, first, second);
-  bool second_known = true;
-  uint32_t sel_addr;  // opaque to the compiler, so it stays in a register instead of being recomputed per round
-  asm volatile("mov.b32 %0, %1;" : "=r"(sel_addr) : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(sel))));
-  for (int r = 0; r < K; ++r) {
-    const uint32_t best = __reduce_max_sync(kFullMask, first.key);
-    const int mine = expert_of<V>(first.j, lane);
-    bool win = first.key == best;
-    uint32_t winners = __ballot_sync(kFullMask, win);
-    if (__popc(winners) > 1) {
-      const uint32_t lo = 0xffffffffu - static_cast<uint32_t>(mine);
-      const uint32_t lowest = __reduce_max_sync(kFullMask, win ? lo : 0u);  // every lane takes part
-      win = win && lo == lowest;
-      winners = __ballot_sync(kFullMask, win);
-    }
-    // The winner stores (expert, value) to slot r with a predicated store: nothing in the round waits for it.
-    st_shared_if(win, sel_addr + 8u * static_cast<uint32_t>(r), static_cast<uint32_t>(mine),
-                 __float_as_uint(first.value));
-    taken |= win ? 1u << first.j : 0u;
-    const bool rescan = win && !second_known;
-    first = win ? second : first;
-    second_known = win ? !second_known : second_known;
-    if (__any_sync(kFullMask, rescan)) {
-      Offer f, s2;
-      lane_top2(k, v, taken, f, s2);
-      if (rescan) {
-        first = f;
-        second = s2;
-        second_known = true;
+  bool selected = false;
+  if constexpr (VPT <= 16) selected = select_by_threshold<V>(k, v, K, lane, cand, sel);  // 32 values: would spill
+  if (!selected) {
+    Offer first, second;
+    uint32_t taken = 0;
+    lane_top2(k, v, taken, first, second);
+    bool second_known = true;
+    uint32_t sel_addr;  // opaque to the compiler, so it stays in a register instead of being recomputed per round
+    asm volatile("mov.b32 %0, %1;" : "=r"(sel_addr) : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(sel))));
+    for (int r = 0; r < K; ++r) {
+      const uint32_t best = __reduce_max_sync(kFullMask, first.key);
+      const int mine = expert_of<V>(first.j, lane);
+      bool win = first.key == best;
+      uint32_t winners = __ballot_sync(kFullMask, win);
+      if (__popc(winners) > 1) {
+        const uint32_t lo = 0xffffffffu - static_cast<uint32_t>(mine);
+        const uint32_t lowest = __reduce_max_sync(kFullMask, win ? lo : 0u);  // every lane takes part
+        win = win && lo == lowest;
+        winners = __ballot_sync(kFullMask, win);
+      }
+      // The winner stores (expert, value) to slot r with a predicated store: nothing in the round waits for it.
+      st_shared_if(win, sel_addr + 8u * static_cast<uint32_t>(r), static_cast<uint32_t>(mine),
+                   __float_as_uint(first.value));
+      taken |= win ? 1u << first.j : 0u;
+      const bool rescan = win && !second_known;
+      first = win ? second : first;
+      second_known = win ? !second_known : second_known;
+      if (__any_sync(kFullMask, rescan)) {
+        Offer f, s2;
+        lane_top2(k, v, taken, f, s2);
+        if (rescan) {
+          first = f;
+          second = s2;
+          second_known = true;
+        }
       }
     }
   }
