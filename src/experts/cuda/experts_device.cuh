@@ -86,6 +86,36 @@ __device__ __forceinline__ float load_bias(const BiasRef& b, int64_t index) {
   return static_cast<const float*>(b.data)[index];
 }
 
+/// b[0..7] = bias[index .. index + 7] (zeros without a bias): 16-byte loads where the address allows.
+__device__ __forceinline__ void load_bias8(const BiasRef& b, int64_t index, float (&out)[8]) {
+  if (b.data == nullptr) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) out[j] = 0.0f;
+    return;
+  }
+  if (b.is_bf16) {
+    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(b.data) + index;
+    if (reinterpret_cast<uintptr_t>(q) % 16 == 0) {
+      const Bf16x8 v = load_bf16x8(q);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) out[j] = v.v[j];
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) out[j] = __bfloat162float(q[j]);
+    }
+  } else {
+    const float* q = static_cast<const float*>(b.data) + index;
+    if (reinterpret_cast<uintptr_t>(q) % 16 == 0) {
+      const float4 lo = *reinterpret_cast<const float4*>(q), hi = *reinterpret_cast<const float4*>(q + 4);
+      out[0] = lo.x, out[1] = lo.y, out[2] = lo.z, out[3] = lo.w;
+      out[4] = hi.x, out[5] = hi.y, out[6] = hi.z, out[7] = hi.w;
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) out[j] = q[j];
+    }
+  }
+}
+
 /// Column of gate(i) and up(i) inside the 2I outputs of GEMM1.
 __device__ __forceinline__ int gate_column(GateUpLayout l, int i, int inter) {
   return l == GateUpLayout::gate_first ? i : (l == GateUpLayout::up_first ? inter + i : 2 * i);

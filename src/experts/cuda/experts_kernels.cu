@@ -38,36 +38,6 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gather_tokens_kernel(Gather
   }
 }
 
-/// b[0..7] = bias[index .. index + 7] (zeros without a bias): 16-byte loads where the address allows.
-__device__ __forceinline__ void load_bias8(const BiasRef& b, int64_t index, float (&out)[8]) {
-  if (b.data == nullptr) {
-#pragma unroll
-    for (int j = 0; j < 8; ++j) out[j] = 0.0f;
-    return;
-  }
-  if (b.is_bf16) {
-    const __nv_bfloat16* q = static_cast<const __nv_bfloat16*>(b.data) + index;
-    if (reinterpret_cast<uintptr_t>(q) % 16 == 0) {
-      const Bf16x8 v = load_bf16x8(q);
-#pragma unroll
-      for (int j = 0; j < 8; ++j) out[j] = v.v[j];
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) out[j] = __bfloat162float(q[j]);
-    }
-  } else {
-    const float* q = static_cast<const float*>(b.data) + index;
-    if (reinterpret_cast<uintptr_t>(q) % 16 == 0) {
-      const float4 lo = *reinterpret_cast<const float4*>(q), hi = *reinterpret_cast<const float4*>(q + 4);
-      out[0] = lo.x, out[1] = lo.y, out[2] = lo.z, out[3] = lo.w;
-      out[4] = hi.x, out[5] = hi.y, out[6] = hi.z, out[7] = hi.w;
-    } else {
-#pragma unroll
-      for (int j = 0; j < 8; ++j) out[j] = q[j];
-    }
-  }
-}
-
 /// Gate and up inputs of outputs [i0, i0 + 8) of one row: GEMM1's columns and their biases, split by layout.
 struct GateUp8 {
   uint4 a, b;  // gate and up columns, or the 16 interleaved (gate, up) columns
@@ -159,15 +129,12 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
     for (int b = 0; b < kCombineBatch; ++b) {  // slot order: the sum is deterministic
       const int j = j0 + b;
       if (j >= kt || s_expert[j] < 0) continue;
-      const __nv_bfloat162* yh = reinterpret_cast<const __nv_bfloat162*>(&v[b]);
+      const Bf16x8 f = load_bf16x8(&v[b]);
       const float w = s_weight[j];
-      const int64_t bias = static_cast<int64_t>(s_expert[j]) * h + c0;
+      float bias[8];
+      load_bias8(p.b2, static_cast<int64_t>(s_expert[j]) * h + c0, bias);
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 f = __bfloat1622float2(yh[i]);
-        acc[2 * i] += w * (f.x + load_bias(p.b2, bias + 2 * i));
-        acc[2 * i + 1] += w * (f.y + load_bias(p.b2, bias + 2 * i + 1));
-      }
+      for (int i = 0; i < 8; ++i) acc[i] += w * (f.v[i] + bias[i]);
     }
   }
   store_bf16x8(static_cast<__nv_bfloat16*>(p.out) + t * h + c0, acc);
