@@ -6,10 +6,10 @@
 // against each other; otherwise (many ties, a few lanes holding every winner) by K rounds of a warp argmax (a
 // REDUX on the key; a second one on the expert only when keys tie), where each lane offers its own best and keeps
 // its second best, so only a lane that wins twice rescans its keys (those below the last one it gave away: a
-// lane's winners always leave in descending order). The whole path is one
-// dependent chain per token, so it is written for latency: no per-value branches (the bias is a zero-padded
-// shared row, the sigmoid's division has its rare slow path hoisted out of the value loop), the winners' values
-// travel with their keys instead of being reloaded, and groups that sit in whole lanes are scored in registers.
+// lane's winners always leave in descending order). The whole path is one dependent chain per token, so it is
+// written for latency: no per-value branches (the bias is a zero-padded shared row, the sigmoid's division has its
+// rare slow path hoisted out of the value loop), the winners' values travel with their keys instead of being
+// reloaded, and groups that sit in whole lanes are scored in registers.
 #pragma once
 
 #include <cstdint>
