@@ -278,7 +278,9 @@ void route(const RoutingConfig& cfg, const TensorView& logits, const TensorView&
     return;
   }
 #if MOEKIT_HAS_CUDA
-  detail::route_cuda(cfg, logits, bias, view, stream, replay);
+  const int64_t capacity =
+      plan_capacity(logits.size(0), cfg.num_experts, cfg.top_k, cfg.num_shared_experts, shape.block);
+  detail::route_cuda(cfg, logits, bias, view, capacity, stream, replay);
 #else
   (void)stream;
   throw NotSupported("route", fmt::format("plan device ({}) is not available: moekit was built without CUDA",

@@ -357,6 +357,32 @@ std::vector<Case> cases() {
     add(c);
   }
   add({"empty_experts_e1000", make_routing_config(M::topk_softmax, 1000, 2), 3, 256});
+  // Calls with at most 32 slots (the tiny plan of one CTA) and the first call above them.
+  {
+    Case c{"tiny_t4_k8_ties", make_routing_config(M::softmax_topk, 64, 8), 4, 16};
+    c.dist = Dist::ties;
+    add(c);
+  }
+  {
+    Case c{"tiny_t4_shared_b3", make_routing_config(M::sigmoid_grouped, 64, 6, 2, true, 4, 2, 1.5f), 4, 3};
+    c.bias = true;
+    c.bias_dtype = DType::bf16;
+    add(c);
+  }
+  add({"tiny_t1_k32_bf16_b256", make_routing_config(M::topk_softmax, 1024, 32), 1, 256, DType::bf16});
+  {
+    Case c{"tiny_t3_hot", make_routing_config(M::softmax_topk, 512, 10), 3, 8};
+    c.dist = Dist::hot;
+    add(c);
+  }
+  add({"tiny_t16_llama4_shared", make_routing_config(M::llama4, 16, 1, 1), 16, 1});
+  add({"above_tiny_t3_k11", make_routing_config(M::softmax_topk, 96, 11), 3, 4});
+  add({"tiny_t5_k1_b2", make_routing_config(M::softmax_topk, 40, 1), 5, 2});
+  {  // groups of one expert (group size 1: the division by the group size is the identity)
+    Case c{"groups_of_one", make_routing_config(M::sigmoid_grouped, 64, 6, 0, true, 64, 16), 300, 16};
+    c.bias = true;
+    add(c);
+  }
   {
     Case c{"stride_unaligned_fp32", make_routing_config(M::softmax_topk, 256, 8, 0, true), 200, 16};
     c.stride_pad = 7;
@@ -495,7 +521,8 @@ TEST_F(GpuRoute, ReusedPlanAcrossGrids) {
   }
 }
 
-// Capture once, replay with new logits; a smaller T is a second graph; both must match the reference.
+// Capture once, replay with new logits; smaller T are further graphs (T = 2: the tiny plan); all must match the
+// reference.
 TEST_F(GpuRoute, GraphReplayWithNewLogits) {
   const uint64_t seed = base_seed() + 1000;
   std::printf("[ seed     ] MOEKIT_TEST_SEED=%llu (graph: +1000)\n", static_cast<unsigned long long>(seed - 1000));
@@ -511,7 +538,7 @@ TEST_F(GpuRoute, GraphReplayWithNewLogits) {
   const TensorView bias = TensorView::contiguous(d_bias.data(), DType::f32, {256}, Device::cuda());
   const TensorView replay = TensorView::contiguous(d_replay.data(), DType::i16, {max_t, 8}, Device::cuda());
 
-  for (int64_t T : {max_t, int64_t{45}}) {
+  for (int64_t T : {max_t, int64_t{45}, int64_t{2}}) {
     c.tokens = T;
     const TensorView logits = logits_view(d_logits.data(), c, T, 256, Device::cuda());
     route(cfg, logits, bias, plan, stream, replay);  // first call outside the capture

@@ -13,10 +13,11 @@
 namespace moekit::detail {
 
 /// Fills `plan` (device buffers) for logits [T, E] with one kernel launch on `stream` (a cudaStream_t) and
-/// sets plan.tokens = T. No allocation, no host synchronization. Throws CudaError if the launch fails.
+/// sets plan.tokens = T. `capacity` is plan_capacity() for T: the rows of sorted_slots (and, / B, the entries of
+/// block_experts) the call writes. No allocation, no host synchronization. Throws CudaError if the launch fails.
 /// Uses plan.workspace (route_cuda_workspace_ints() int32, zeroed when RoutePlan allocated it).
 void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const TensorView& bias, RoutePlanView& plan,
-                Stream stream, const TensorView& replay);
+                int64_t capacity, Stream stream, const TensorView& replay);
 
 /// int32 elements of device workspace the fused router needs for a plan of this shape. The memory must be zeroed
 /// once when it is allocated (the kernel leaves it in that state after every call).
@@ -29,7 +30,8 @@ struct RouteCudaTuning {
   /// Null, or device memory for route_cuda_trace_words() uint64: thread 0 of every CTA stores (%globaltimer ns,
   /// clock64) at kRouteTracePoints phase boundaries: entry, setup done, tokens routed, counts published, totals
   /// and earlier-CTA bases known (after the grid barrier when there is one), offsets scanned, slots scattered,
-  /// padding written. Layout [cta][point][2].
+  /// padding written. Layout [cta][point][2]. Calls with at most 32 slots (T * Kt <= 32) build their plan in one
+  /// step instead: points 3-5 coincide (slots ranked and scattered), 6 follows counts and offsets, 7 the padding.
   uint64_t* trace = nullptr;
 };
 inline constexpr int kRouteTracePoints = 8;

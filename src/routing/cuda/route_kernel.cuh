@@ -6,7 +6,9 @@
 //      CTAs before it (its base in every expert) and reads the totals;
 //   C. every CTA scans the padded counts into offsets (one CUB block scan), scatters its slots into
 //      sorted_slots/slot_rows, and the grid writes padding and block_experts (a lane per group).
-// A single CTA (small T) needs no barrier and no workspace. The barrier counts arrivals and bumps a generation word,
+// A single CTA (small T) needs no barrier and no workspace. When a call has at most 32 slots (T * Kt <= 32, decode),
+// B and C collapse into tiny_plan(): one warp ranks the slots by group and the CTA writes the plan from the <= 32
+// non-empty segments, without histograms or a block scan. The barrier counts arrivals and bumps a generation word,
 // resetting itself; the totals are double-buffered by the generation's parity (the buffer of the next call is
 // zeroed during this one), so graph replays need no re-initialization. Cross-CTA data is read with ld.cg (L2).
 #pragma once
@@ -137,6 +139,86 @@ __device__ __forceinline__ void sum_earlier_rows(const uint16_t* rows, int exper
   }
 }
 
+/// One non-empty segment of a tiny plan: group, first row, rows used and padded rows.
+struct TinySegment {
+  int group, offset, count, padded;
+};
+
+/// Plan phases B and C for a single CTA with n = T * Kt <= 32 slots, after phase A stored each routed slot's
+/// (expert << 16) in info[t * K + k]. Warp 0: lane s holds slot s's group; its rank among the slots of its group
+/// (match_any; lanes are in ascending token order) is its row in the segment, and one pass over the groups' leaders
+/// (their lowest slots) gives every slot the padded rows and the number of the segments below its group. The segments
+/// go to a table in shared memory in group order; then every thread writes its share of counts and offsets (a binary
+/// search per group), block_experts and padding rows.
+__device__ __forceinline__ void tiny_plan(const RouteParams& p, const uint32_t* info, TinySegment* seg, int* nseg) {
+  const int E = p.experts, G = p.groups, K = p.top_k, Kt = p.slots, B = p.block;
+  const int n = p.tokens * Kt, tid = threadIdx.x, lane = tid & 31;
+  if (tid < 32) {
+    const int t = static_cast<int>(magic_div(lane, p.slot_magic)), k = lane - t * Kt;  // lane / Kt, lane % Kt
+    const bool valid = lane < n;
+    const int g = !valid ? G : (k < K ? static_cast<int>(info[t * K + k] >> 16) : E + k - K);
+    const uint32_t lt = (1u << lane) - 1u;
+    const uint32_t same = __match_any_sync(kFullMask, g);
+    const int count = __popc(same), rank = __popc(same & lt);
+    const bool leader = valid && (same & lt) == 0;
+    const int padded = leader ? static_cast<int>(magic_div(count + B - 1, p.block_magic)) * B : 0;
+    // Padded rows and segments of the groups below g: with few groups a pass over their leaders (a dependent
+    // chain per leader), else over all lanes (independent shuffles; non-leaders contribute 0).
+    const uint32_t leaders = __ballot_sync(kFullMask, leader);
+    int offset = 0, below = 0;
+    auto add_lane = [&](int j) {
+      const int gj = __shfl_sync(kFullMask, g, j), pj = __shfl_sync(kFullMask, padded, j);
+      offset += gj < g ? pj : 0;
+      below += gj < g && pj > 0 ? 1 : 0;
+    };
+    if (__popc(leaders) <= 8) {
+      for (uint32_t m = leaders; m != 0; m &= m - 1) add_lane(__ffs(m) - 1);
+    } else {
+#pragma unroll 8
+      for (int j = 0; j < 32; ++j) add_lane(j);
+    }
+    const int first = __shfl_sync(kFullMask, offset, __ffs(same) - 1);  // the leader's offset
+    if (valid) {
+      const int row = first + rank;
+      p.sorted_slots[row] = lane;
+      p.slot_rows[lane] = row;
+    }
+    if (leader) seg[below] = TinySegment{g, offset, count, padded};
+    const int used = __reduce_add_sync(kFullMask, padded);
+    if (lane == 0) {
+      nseg[0] = __popc(leaders);
+      nseg[1] = used;
+      p.expert_offsets[G] = used;
+      p.extent[0] = used;
+      p.extent[1] = static_cast<int>(magic_div(used, p.block_magic));
+    }
+  }
+  __syncthreads();
+  trace_point(p, 3);  // the tiny plan has no count, totals or scan phases: their stamps coincide
+  trace_point(p, 4);
+  trace_point(p, 5);
+  const int ns = nseg[0], used = nseg[1];
+  for (int g = tid; g < G; g += kThreads) {
+    int lo = 0;  // first segment whose group is >= g
+    for (int step = 32; step > 0; step >>= 1)
+      if (lo + step <= ns && seg[lo + step - 1].group < g) lo += step;
+    const bool here = lo < ns && seg[lo].group == g;
+    p.expert_counts[g] = here ? seg[lo].count : 0;
+    p.expert_offsets[g] = lo < ns ? seg[lo].offset : used;
+  }
+  trace_point(p, 6);
+  // Each warp takes segments: their blocks' expert and the padding rows of their last block.
+  const int warp = tid >> 5, pad = n;
+  for (int i = warp; i < ns; i += kWarps) {
+    const TinySegment s = seg[i];
+    for (int b = s.offset / B + lane; b < (s.offset + s.padded) / B; b += 32) p.block_experts[b] = s.group;
+    for (int r = s.offset + s.count + lane; r < s.offset + s.padded; r += 32) p.sorted_slots[r] = pad;
+  }
+  for (int64_t b = used / B + tid; b < p.capacity / B; b += kThreads) p.block_experts[b] = -1;
+  for (int64_t r = used + tid; r < p.capacity; r += kThreads) p.sorted_slots[r] = pad;
+  trace_point(p, 7);
+}
+
 template <class In, int NC, bool kSigmoid>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     route_fused_kernel(const __grid_constant__ RouteParams p) {
@@ -200,6 +282,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   }
   __syncthreads();
   trace_point(p, 2);
+  if (p.tiny) {
+    // The histogram and bias rows (offset 0, >= 16 * 8 * 2 + 256 * 4 bytes) are free after phase A: the segment
+    // table (32 x 16 B), the sizes (32 ints) and two words fit, at an address that needs no register.
+    auto* seg = reinterpret_cast<TinySegment*>(smem);
+    tiny_plan(p, info_s, seg, reinterpret_cast<int*>(seg + 64));
+    return;
+  }
 
   // B. Counts: group g's count goes to the thread that owns it in the scan (kGroupsPerThread consecutive groups
   // per thread). One CTA: that thread also turns the per-warp histograms of its experts into per-warp exclusive

@@ -91,13 +91,6 @@ int max_coresident_ctas(const KernelEntry& k, int smem_bytes, int device) {
   return ctas;
 }
 
-// Rows of sorted_slots for T tokens (the formula of plan_capacity()).
-int64_t capacity_rows(int64_t tokens, int experts, int slots, int groups, int block) {
-  const int64_t routed = tokens * slots;
-  const int64_t rows = routed + std::min<int64_t>(groups, routed) * (block - 1);
-  return (rows + block - 1) / block * block;
-}
-
 // Grid heuristic (docs/benchmarks.md "## Router" has the sweep it was checked against on the H200).
 // Measured on the H200: sigmoid_grouped E=256 K=8: T=32 on 1/2/4/16 CTAs 23.4/19.6/18.5/18.3 us; T=64 on 4/16/64
 // CTAs 20.9/19.7/20.0 us; T=1024 on 64/128/256 CTAs 20.8/20.6/21.4 us. softmax_topk E=512 K=10: T=8 on 1/2 CTAs
@@ -132,7 +125,7 @@ int route_cuda_last_ctas() {
 }
 
 void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const TensorView& bias, RoutePlanView& plan,
-                Stream stream, const TensorView& replay) {
+                int64_t capacity, Stream stream, const TensorView& replay) {
   auto* s = static_cast<cudaStream_t>(stream);
   const int64_t T = logits.size(0);
   const int E = cfg.num_experts;
@@ -156,7 +149,7 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   p.topk_group = cfg.method == RoutingMethod::sigmoid_grouped ? cfg.topk_group : 1;
   p.grouped = p.topk_group < p.n_group;
   p.group_size = E / p.n_group;
-  p.group_magic = static_cast<uint32_t>(((uint64_t{1} << 32) + p.group_size - 1) / p.group_size);
+  p.group_magic = router::division_magic(static_cast<uint32_t>(p.group_size));
   const int vec = 16 / dtype_size(logits.dtype);
   // Groups of whole lanes (group size = a power-of-two count of lanes' values) are limited in registers.
   const int lanes = p.group_size / vec;
@@ -164,7 +157,7 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
     p.group_lanes = lanes;
   p.vector_ok = reinterpret_cast<uintptr_t>(logits.data) % 16 == 0 &&
                 (logits.stride(0) * dtype_size(logits.dtype)) % 16 == 0 && E % vec == 0;
-  p.capacity = capacity_rows(T, E, p.slots, p.groups, p.block);
+  p.capacity = capacity;
   p.topk_ids = plan.topk_ids;
   p.topk_weights = plan.topk_weights;
   p.expert_counts = plan.expert_counts;
@@ -197,6 +190,9 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   if (p.tokens_per_cta > 65535)  // per-CTA counts and per-warp ranks are uint16
     throw NotSupported("route", "tokens (" + std::to_string(T) +
                                     ") must be <= " + std::to_string(65535LL * max_ctas) + " on this GPU");
+  p.tiny = ctas == 1 && T * p.slots <= 32;
+  p.slot_magic = router::division_magic(static_cast<uint32_t>(p.slots));
+  p.block_magic = router::division_magic(static_cast<uint32_t>(p.block));
   const int64_t info = static_cast<int64_t>(p.tokens_per_cta) * p.top_k;
   p.info_words = info <= router::kInfoCap ? static_cast<int>(info) : 0;
   const SmemLayout layout = SmemLayout::make(E, p.groups, shared_groups, p.info_words);

@@ -33,27 +33,40 @@ struct RouteParams {
   int method = 0, renormalize = 0;
   float scale = 1.0f;
   int n_group = 1, topk_group = 1, group_size = 1;
-  uint32_t group_magic = 0;  // ceil(2^32 / group_size): expert / group_size == umulhi(expert, magic)
+  uint32_t group_magic = 0;  // division_magic(group_size): expert / group_size == magic_div(expert, magic)
   int grouped = 0;           // group limiting active (sigmoid_grouped, topk_group < n_group)
   int group_lanes = 0;       // > 0: a group is this many whole lanes (a power of two) and n_group <= 32
   int vector_ok = 0;         // rows 16-byte aligned and E a multiple of the vector width
   int64_t capacity = 0;      // sorted_slots rows for this T
   int tokens_per_cta = 0, tokens_per_warp = 0;
   int info_words = 0;  // > 0: (expert << 16 | rank) of routed slots kept in shared memory [tokens_per_cta, K]
-  int32_t* topk_ids = nullptr;        // [T, Kt]
-  float* topk_weights = nullptr;      // [T, Kt]
-  int32_t* expert_counts = nullptr;   // [G]
-  int32_t* expert_offsets = nullptr;  // [G+1]
-  int32_t* sorted_slots = nullptr;    // [capacity]
-  int32_t* slot_rows = nullptr;       // [T, Kt]; (expert << 16 | rank in warp) until the scatter if info_words = 0
-  int32_t* block_experts = nullptr;   // [capacity / B]
-  int32_t* extent = nullptr;          // [2]
-  int16_t* replay = nullptr;          // [R, K] or null
-  uint32_t* barrier = nullptr;        // workspace [2]: arrivals, generation
-  int32_t* totals = nullptr;          // workspace [2][e_pad8]: expert totals, one buffer per generation parity
-  uint16_t* cta_rows = nullptr;       // workspace [kMaxCtas][e_pad8]: per-CTA expert counts
-  uint64_t* trace = nullptr;          // null, or [grid][kTracePoints][2] (%globaltimer ns, clock64) for benchmarks
+  int tiny = 0;        // one CTA, one token per warp and T * Kt <= 32: the plan is built by tiny_plan()
+  uint32_t slot_magic = 0, block_magic = 0;  // division_magic(Kt), division_magic(B)
+  int32_t* topk_ids = nullptr;               // [T, Kt]
+  float* topk_weights = nullptr;             // [T, Kt]
+  int32_t* expert_counts = nullptr;          // [G]
+  int32_t* expert_offsets = nullptr;         // [G+1]
+  int32_t* sorted_slots = nullptr;           // [capacity]
+  int32_t* slot_rows = nullptr;      // [T, Kt]; (expert << 16 | rank in warp) until the scatter if info_words = 0
+  int32_t* block_experts = nullptr;  // [capacity / B]
+  int32_t* extent = nullptr;         // [2]
+  int16_t* replay = nullptr;         // [R, K] or null
+  uint32_t* barrier = nullptr;       // workspace [2]: arrivals, generation
+  int32_t* totals = nullptr;         // workspace [2][e_pad8]: expert totals, one buffer per generation parity
+  uint16_t* cta_rows = nullptr;      // workspace [kMaxCtas][e_pad8]: per-CTA expert counts
+  uint64_t* trace = nullptr;         // null, or [grid][kTracePoints][2] (%globaltimer ns, clock64) for benchmarks
 };
+
+/// ceil(2^32 / d) truncated to 32 bits (so 0 for d = 1), for magic_div(); d in [1, 2^16].
+__host__ __device__ inline uint32_t division_magic(uint32_t d) {
+  return static_cast<uint32_t>(((uint64_t{1} << 32) + d - 1) / d);
+}
+
+/// n / d for n < 2^16 from magic = division_magic(d): floor(n * ceil(2^32 / d) / 2^32) is exact there, and a
+/// magic of 0 stands for d = 1.
+__device__ __forceinline__ uint32_t magic_div(uint32_t n, uint32_t magic) {
+  return magic == 0 ? n : __umulhi(n, magic);
+}
 
 /// Phase boundaries the kernel stamps when RouteParams::trace is set (see route_cuda.h).
 inline constexpr int kTracePoints = 8;
@@ -407,7 +420,7 @@ __device__ __forceinline__ void limit_groups(const RouteParams& p, uint32_t (&k)
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
     const uint32_t e = static_cast<uint32_t>(expert_of<V>(j, lane));
-    const uint32_t g = __umulhi(e, p.group_magic);
+    const uint32_t g = magic_div(e, p.group_magic);
     if (e < static_cast<uint32_t>(E) && !((ws.kept[g >> 5] >> (g & 31)) & 1)) k[j] = 0;
   }
   __syncwarp();  // the next token's keys overwrite ws.keys
