@@ -7,6 +7,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -490,8 +491,9 @@ TEST_F(GpuRoute, MatchesReference) {
   }
 }
 
-// One plan, consecutive calls with different T (single CTA and grids of several sizes): the workspace's totals
-// are double-buffered by the barrier generation, so every call must start from a clean state.
+// One plan, consecutive calls with different T (single CTA, the tiny plan, an empty call and grids of several
+// sizes): the workspace's totals are double-buffered by the barrier generation, so every call must start from a
+// clean state.
 TEST_F(GpuRoute, ReusedPlanAcrossGrids) {
   const uint64_t seed = base_seed() + 2000;
   std::printf("[ seed     ] MOEKIT_TEST_SEED=%llu (reuse: +2000)\n", static_cast<unsigned long long>(seed - 2000));
@@ -500,18 +502,18 @@ TEST_F(GpuRoute, ReusedPlanAcrossGrids) {
   RoutePlan plan(PlanShape{max_t, 128, 4, 0, 8}, Device::cuda());
   DeviceBuffer d_logits(max_t * 128 * 4);
   int call = 0;
-  for (int64_t T :
-       {int64_t{4000}, int64_t{20}, int64_t{700}, int64_t{4000}, int64_t{100}, int64_t{1}, int64_t{2500}}) {
+  for (int64_t T : {int64_t{4000}, int64_t{20}, int64_t{700}, int64_t{4000}, int64_t{100}, int64_t{1}, int64_t{0},
+                    int64_t{2500}}) {
     const uint64_t s = seed + static_cast<uint64_t>(call++);
     SCOPED_TRACE("call " + std::to_string(call) + " T " + std::to_string(T) + " seed " + std::to_string(s));
     Case c{"reuse", cfg, T, 8};
     const Inputs in = make_inputs(c, s);
-    ck(cudaMemcpy(d_logits.data(), in.logits.data(), T * 128 * 4, cudaMemcpyHostToDevice), "logits");
+    if (T > 0) ck(cudaMemcpy(d_logits.data(), in.logits.data(), T * 128 * 4, cudaMemcpyHostToDevice), "logits");
     poison_plan(plan.view());
     route(cfg, logits_view(d_logits.data(), c, T, 128, Device::cuda()), {}, plan);
     ck(cudaDeviceSynchronize(), "route");
     const PlanHost got = read_plan(plan.view(), T, true);
-    RoutePlan ref(PlanShape{T, 128, 4, 0, 8}, Device::cpu());
+    RoutePlan ref(PlanShape{std::max<int64_t>(T, 1), 128, 4, 0, 8}, Device::cpu());  // T = 0: an empty call
     std::vector<float> hl = in.logits;
     route(cfg, TensorView::contiguous(hl.data(), DType::f32, {T, 128}), {}, ref);
     const PlanHost want = read_plan(ref.view(), T, false);
