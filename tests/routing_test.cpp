@@ -584,6 +584,35 @@ std::vector<float> sweep(float lo, float hi, int n) {
   return xs;
 }
 
+// The router's divisions by Kt (<= 32), B (<= 256) and the group size (<= 1024): every numerator below 2^16 for
+// those divisors, and for every divisor up to 2^16 the numerators around each multiple.
+TEST(RoutingMath, MagicDivisionIsExact) {
+  int64_t checked = 0;
+  for (uint32_t d = 1; d <= 1024; ++d) {
+    const uint32_t m = routing_math::division_magic(d);
+    for (uint32_t n = 0; n < (1u << 16); ++n) {
+      if (routing_math::magic_div(n, m) != n / d) {
+        ADD_FAILURE() << n << " / " << d << ": " << routing_math::magic_div(n, m) << ", want " << n / d;
+        return;
+      }
+      ++checked;
+    }
+  }
+  for (uint32_t d = 1025; d <= (1u << 16); ++d) {
+    const uint32_t m = routing_math::division_magic(d);
+    for (uint32_t q = 1; q * d < (1u << 16); ++q)
+      for (uint32_t n : {q * d - 1, q * d, q * d + d - 1}) {
+        if (n >= (1u << 16)) continue;
+        ASSERT_EQ(routing_math::magic_div(n, m), n / d) << n << " / " << d;
+        ++checked;
+      }
+    ASSERT_EQ(routing_math::magic_div(0, m), 0u) << "0 / " << d;
+  }
+  EXPECT_EQ(routing_math::division_magic(1), 0u);  // 2^32 wraps: magic_div treats 0 as the divisor 1
+  EXPECT_EQ(routing_math::magic_div(65535, 0), 65535u);
+  EXPECT_GT(checked, int64_t{1024} << 16);
+}
+
 TEST(RoutingMath, ExpWithin3UlpOfStdExp) {
   std::vector<float> xs = sweep(-110.0f, 88.7f, 200000);
   for (float x :

@@ -118,4 +118,21 @@ MOEKIT_HD int packed_expert(uint64_t packed) {
   return static_cast<int>(0xffffffffu - static_cast<uint32_t>(packed & 0xffffffffu));
 }
 
+/// ceil(2^32 / d) truncated to 32 bits (so 0 for d = 1), d in [1, 2^16]: the constant of magic_div().
+MOEKIT_HD uint32_t division_magic(uint32_t d) {
+  return static_cast<uint32_t>(((uint64_t{1} << 32) + d - 1) / d);
+}
+
+/// n / d for n < 2^16 from magic = division_magic(d): n * magic / 2^32 exceeds n / d by n * (magic * d - 2^32) /
+/// (d * 2^32) < 1 / d, while n / d is at least 1 / d below the next integer, so the floor is exact; a magic of 0
+/// stands for d = 1. The CUDA router divides by Kt, B and the group size this way (a multiply-high instead of an
+/// integer division).
+MOEKIT_HD uint32_t magic_div(uint32_t n, uint32_t magic) {
+#if defined(__CUDA_ARCH__)
+  return magic == 0 ? n : __umulhi(n, magic);
+#else
+  return magic == 0 ? n : static_cast<uint32_t>((uint64_t{n} * magic) >> 32);
+#endif
+}
+
 }  // namespace moekit::routing_math

@@ -154,14 +154,14 @@ __device__ __forceinline__ void tiny_plan(const RouteParams& p, const uint32_t* 
   const int E = p.experts, G = p.groups, K = p.top_k, Kt = p.slots, B = p.block;
   const int n = p.tokens * Kt, tid = threadIdx.x, lane = tid & 31;
   if (tid < 32) {
-    const int t = static_cast<int>(magic_div(lane, p.slot_magic)), k = lane - t * Kt;  // lane / Kt, lane % Kt
+    const int t = static_cast<int>(rm::magic_div(lane, p.slot_magic)), k = lane - t * Kt;  // lane / Kt, lane % Kt
     const bool valid = lane < n;
     const int g = !valid ? G : (k < K ? static_cast<int>(info[t * K + k] >> 16) : E + k - K);
     const uint32_t lt = (1u << lane) - 1u;
     const uint32_t same = __match_any_sync(kFullMask, g);
     const int count = __popc(same), rank = __popc(same & lt);
     const bool leader = valid && (same & lt) == 0;
-    const int padded = leader ? static_cast<int>(magic_div(count + B - 1, p.block_magic)) * B : 0;
+    const int padded = leader ? static_cast<int>(rm::magic_div(count + B - 1, p.block_magic)) * B : 0;
     // Padded rows and segments of the groups below g: with few groups a pass over their leaders (a dependent
     // chain per leader), else over all lanes (independent shuffles; non-leaders contribute 0).
     const uint32_t leaders = __ballot_sync(kFullMask, leader);
@@ -190,7 +190,7 @@ __device__ __forceinline__ void tiny_plan(const RouteParams& p, const uint32_t* 
       nseg[1] = used;
       p.expert_offsets[G] = used;
       p.extent[0] = used;
-      p.extent[1] = static_cast<int>(magic_div(used, p.block_magic));
+      p.extent[1] = static_cast<int>(rm::magic_div(used, p.block_magic));
     }
   }
   __syncthreads();

@@ -149,7 +149,7 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   p.topk_group = cfg.method == RoutingMethod::sigmoid_grouped ? cfg.topk_group : 1;
   p.grouped = p.topk_group < p.n_group;
   p.group_size = E / p.n_group;
-  p.group_magic = router::division_magic(static_cast<uint32_t>(p.group_size));
+  p.group_magic = routing_math::division_magic(static_cast<uint32_t>(p.group_size));
   const int vec = 16 / dtype_size(logits.dtype);
   // Groups of whole lanes (group size = a power-of-two count of lanes' values) are limited in registers.
   const int lanes = p.group_size / vec;
@@ -191,8 +191,8 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
     throw NotSupported("route", "tokens (" + std::to_string(T) +
                                     ") must be <= " + std::to_string(65535LL * max_ctas) + " on this GPU");
   p.tiny = ctas == 1 && T * p.slots <= 32;
-  p.slot_magic = router::division_magic(static_cast<uint32_t>(p.slots));
-  p.block_magic = router::division_magic(static_cast<uint32_t>(p.block));
+  p.slot_magic = routing_math::division_magic(static_cast<uint32_t>(p.slots));
+  p.block_magic = routing_math::division_magic(static_cast<uint32_t>(p.block));
   const int64_t info = static_cast<int64_t>(p.tokens_per_cta) * p.top_k;
   p.info_words = info <= router::kInfoCap ? static_cast<int>(info) : 0;
   const SmemLayout layout = SmemLayout::make(E, p.groups, shared_groups, p.info_words);

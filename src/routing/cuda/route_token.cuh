@@ -33,7 +33,7 @@ struct RouteParams {
   int method = 0, renormalize = 0;
   float scale = 1.0f;
   int n_group = 1, topk_group = 1, group_size = 1;
-  uint32_t group_magic = 0;  // division_magic(group_size): expert / group_size == magic_div(expert, magic)
+  uint32_t group_magic = 0;  // rm::division_magic(group_size): expert / group_size == rm::magic_div(expert, magic)
   int grouped = 0;           // group limiting active (sigmoid_grouped, topk_group < n_group)
   int group_lanes = 0;       // > 0: a group is this many whole lanes (a power of two) and n_group <= 32
   int vector_ok = 0;         // rows 16-byte aligned and E a multiple of the vector width
@@ -41,7 +41,7 @@ struct RouteParams {
   int tokens_per_cta = 0, tokens_per_warp = 0;
   int info_words = 0;  // > 0: (expert << 16 | rank) of routed slots kept in shared memory [tokens_per_cta, K]
   int tiny = 0;        // one CTA, one token per warp and T * Kt <= 32: the plan is built by tiny_plan()
-  uint32_t slot_magic = 0, block_magic = 0;  // division_magic(Kt), division_magic(B)
+  uint32_t slot_magic = 0, block_magic = 0;  // rm::division_magic(Kt), rm::division_magic(B)
   int32_t* topk_ids = nullptr;               // [T, Kt]
   float* topk_weights = nullptr;             // [T, Kt]
   int32_t* expert_counts = nullptr;          // [G]
@@ -56,17 +56,6 @@ struct RouteParams {
   uint16_t* cta_rows = nullptr;      // workspace [kMaxCtas][e_pad8]: per-CTA expert counts
   uint64_t* trace = nullptr;         // null, or [grid][kTracePoints][2] (%globaltimer ns, clock64) for benchmarks
 };
-
-/// ceil(2^32 / d) truncated to 32 bits (so 0 for d = 1), for magic_div(); d in [1, 2^16].
-__host__ __device__ inline uint32_t division_magic(uint32_t d) {
-  return static_cast<uint32_t>(((uint64_t{1} << 32) + d - 1) / d);
-}
-
-/// n / d for n < 2^16 from magic = division_magic(d): floor(n * ceil(2^32 / d) / 2^32) is exact there, and a
-/// magic of 0 stands for d = 1.
-__device__ __forceinline__ uint32_t magic_div(uint32_t n, uint32_t magic) {
-  return magic == 0 ? n : __umulhi(n, magic);
-}
 
 /// Phase boundaries the kernel stamps when RouteParams::trace is set (see route_cuda.h).
 inline constexpr int kTracePoints = 8;
@@ -420,7 +409,7 @@ __device__ __forceinline__ void limit_groups(const RouteParams& p, uint32_t (&k)
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
     const uint32_t e = static_cast<uint32_t>(expert_of<V>(j, lane));
-    const uint32_t g = magic_div(e, p.group_magic);
+    const uint32_t g = rm::magic_div(e, p.group_magic);
     if (e < static_cast<uint32_t>(E) && !((ws.kept[g >> 5] >> (g & 31)) & 1)) k[j] = 0;
   }
   __syncwarp();  // the next token's keys overwrite ws.keys
