@@ -92,6 +92,14 @@ TEST(BenchRoute, ReportsCarryThePhases) {
   const std::string js = route_json({r}, c);
   EXPECT_NE(js.find("\"sm_clock_ghz\": 1.97"), std::string::npos) << js;
   EXPECT_NE(js.find("\"span_us\": 6.5"), std::string::npos) << js;
+  EXPECT_NE(js.find("\"tiny_plan\": false"), std::string::npos) << js;
+  EXPECT_EQ(md.find("build their plan in one step"), std::string::npos) << md;
+
+  // A one-step plan: the phase columns mean other things, and the report says so.
+  r.tiny_plan = true;
+  EXPECT_NE(route_markdown({r}, c).find("Calls with T * Kt <= 32 on one CTA build their plan in one step"),
+            std::string::npos);
+  EXPECT_NE(route_json({r}, c).find("\"tiny_plan\": true"), std::string::npos);
 }
 
 }  // namespace

@@ -131,6 +131,7 @@ RoutePhases route_phases_from_trace(const std::vector<uint64_t>& trace, int samp
 struct RouteResult {
   RouteCase c;
   int ctas_requested = 0, ctas = 0;  // asked (0 = heuristic) and used
+  bool tiny_plan = false;            // the plan was built in one step (one CTA, T * Kt <= 32)
   bool verified = false;
   std::string mismatch;  // first difference from the reference, empty when verified
   Stats kernel, graph;

@@ -77,6 +77,12 @@ std::string route_markdown(const std::vector<RouteResult>& results, const Ceilin
       for (double v : r.phases.cta0_us) s += fmt::format("{:.2f} | ", v);
       s += fmt::format("{:.2f} | {:.2f} | {:.2f} |\n", r.phases.span_us, r.phases.skew_us, r.phases.sm_clock_ghz);
     }
+    bool any_tiny = false;
+    for (const RouteResult& r : results) any_tiny |= r.phases.samples > 0 && r.tiny_plan;
+    if (any_tiny)
+      s += "\nCalls with T * Kt <= 32 on one CTA build their plan in one step: there *count* is ranking and "
+           "scattering the slots, *totals* and *offsets* are empty, *scatter* is writing counts and offsets and "
+           "*padding* blocks and padding.\n";
   }
   for (const RouteResult& r : results)
     if (r.kernel.samples > 0 && r.timing_source != "cupti") {
@@ -114,6 +120,7 @@ std::string route_json(const std::vector<RouteResult>& results, const Ceilings& 
                             {"bias", r.c.bias},
                             {"ctas_requested", r.ctas_requested},
                             {"ctas", r.ctas},
+                            {"tiny_plan", r.tiny_plan},
                             {"verified", r.verified},
                             {"mismatch", r.mismatch},
                             {"kernels_per_call", r.kernels_per_call},
@@ -313,6 +320,7 @@ std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCa
       };
       call(0, stream);
       r.ctas = detail::route_cuda_last_ctas();
+      r.tiny_plan = detail::route_cuda_last_tiny_plan();
       if (!opt.verify_only && r.verified) {
         r.kernel = harness.kernel_time(call, variants, opt.timing);
         r.kernels_per_call = harness.kernels_per_call();

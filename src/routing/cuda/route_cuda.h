@@ -40,5 +40,8 @@ void set_route_cuda_tuning(const RouteCudaTuning& tuning);
 
 /// Grid size the last route_cuda() call used (for benchmark reports).
 int route_cuda_last_ctas();
+/// Whether the last route_cuda() call built its plan in one step (one CTA and T * Kt <= 32; its trace points 3-7
+/// mean other things, see RouteCudaTuning::trace).
+bool route_cuda_last_tiny_plan();
 
 }  // namespace moekit::detail

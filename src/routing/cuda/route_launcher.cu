@@ -102,6 +102,7 @@ constexpr int64_t kMaxGridCtas = 1 << 20;  // no bound of its own: the co-reside
 
 RouteCudaTuning g_tuning;
 int g_last_ctas = 0;
+bool g_last_tiny_plan = false;
 
 }  // namespace
 
@@ -122,6 +123,9 @@ void set_route_cuda_tuning(const RouteCudaTuning& tuning) {
 }
 int route_cuda_last_ctas() {
   return g_last_ctas;
+}
+bool route_cuda_last_tiny_plan() {
+  return g_last_tiny_plan;
 }
 
 void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const TensorView& bias, RoutePlanView& plan,
@@ -220,6 +224,7 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   check(cudaLaunchKernelEx(&config, kernel.fn, p), "launch of route_fused_kernel");
   check(cudaGetLastError(), "route_fused_kernel");
   g_last_ctas = ctas;
+  g_last_tiny_plan = p.tiny != 0;
   plan.tokens = T;
 }
 
