@@ -73,6 +73,17 @@ TEST(Cli, RouteReadsLogitsFromAFile) {
   EXPECT_NE(r.output.find("token 1: ids [3, 1]"), std::string::npos) << r.output;
 }
 
+// Lists take commas, as in bench moe and tune (and spaces); without a GPU the command then says what it needs.
+TEST(Cli, BenchRouteTakesCommaLists) {
+  for (const char* args : {"--tokens 1,2,4", "--tokens 1 2 4", "--ctas 0,8 --tokens 64"}) {
+    CliRun r = run_cli(std::string("bench route --verify-only ") + args);
+    EXPECT_EQ(r.output.find("Could not convert"), std::string::npos) << args << ": " << r.output;
+    if (r.status != 0) {
+      EXPECT_NE(r.output.find("a CUDA device (none found) is needed"), std::string::npos) << args << ": " << r.output;
+    }
+  }
+}
+
 TEST(Cli, HelpEverywhere) {
   for (const char* sub : {"", "demo", "route", "bench", "tune"}) {
     CliRun r = run_cli(std::string(sub) + " --help");

@@ -76,7 +76,7 @@ void add_bench_route_command(CLI::App& bench) {
   cmd->add_option("--experts", args->experts, "E (custom case)");
   cmd->add_option("--top-k", args->top_k, "K (custom case)");
   cmd->add_option("--shared", args->shared, "fused shared experts S (custom case)");
-  cmd->add_option("--tokens", args->tokens, "T, one or more (custom case)");
+  cmd->add_option("--tokens", args->tokens, "T, one or more: 1,16,64 or 1 16 64 (custom case)")->delimiter(',');
   cmd->add_option("--block", args->block, "plan block size B (custom case)");
   cmd->add_option("--method", args->method, "routing method (custom case)");
   cmd->add_option("--dtype", args->dtype, "logits dtype: fp32 or bf16 (custom case)");
@@ -85,7 +85,7 @@ void add_bench_route_command(CLI::App& bench) {
   cmd->add_option("--scale", args->scale, "routed scaling factor (custom case)");
   cmd->add_flag("--renormalize", args->renormalize, "renormalize the K weights (custom case)");
   cmd->add_flag("--bias", args->bias, "add a random selection bias (custom case)");
-  cmd->add_option("--ctas", args->ctas, "grid sizes to time (0 = the router's choice); default: 0");
+  cmd->add_option("--ctas", args->ctas, "grid sizes to time (0 = the router's choice); default: 0")->delimiter(',');
   cmd->add_option("--samples", args->samples, "timed samples per case (>= 100 for the medians we report)");
   cmd->add_option("--seed", args->seed, "seed of the random logits");
   cmd->add_option("--json", args->json, "also write the results as JSON to this path");
