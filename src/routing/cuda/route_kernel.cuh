@@ -145,11 +145,11 @@ struct TinySegment {
 };
 
 /// Plan phases B and C for a single CTA with n = T * Kt <= 32 slots, after phase A stored each routed slot's
-/// (expert << 16) in info[t * K + k]. Warp 0: lane s holds slot s's group; its rank among the slots of its group
-/// (match_any; lanes are in ascending token order) is its row in the segment, and one pass over the groups' leaders
-/// (their lowest slots) gives every slot the padded rows and the number of the segments below its group. The segments
-/// go to a table in shared memory in group order; then every thread writes its share of counts and offsets (a binary
-/// search per group), block_experts and padding rows.
+/// (expert << 16 | rank) in info[t * K + k] (one token per warp: every rank is 0). Warp 0: lane s holds slot s's
+/// group; its rank among the slots of its group (match_any; lanes are in ascending token order) is its row in the
+/// segment, and one pass over the groups' leaders (their lowest slots) gives every slot the padded rows and the
+/// number of the segments below its group. The segments go to a table in shared memory in group order; then every
+/// thread writes its share of counts and offsets (a binary search per group), block_experts and padding rows.
 __device__ __forceinline__ void tiny_plan(const RouteParams& p, const uint32_t* info, TinySegment* seg, int* nseg) {
   const int E = p.experts, G = p.groups, K = p.top_k, Kt = p.slots, B = p.block;
   const int n = p.tokens * Kt, tid = threadIdx.x, lane = tid & 31;
@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   trace_point(p, 2);
   if (p.tiny) {
     // The histogram and bias rows (offset 0, >= 16 * 8 * 2 + 256 * 4 bytes) are free after phase A: the segment
-    // table (32 x 16 B), the sizes (32 ints) and two words fit, at an address that needs no register.
+    // table (32 x 16 B) and two words (at byte 1024) fit, at an address that needs no register.
     auto* seg = reinterpret_cast<TinySegment*>(smem);
     tiny_plan(p, info_s, seg, reinterpret_cast<int*>(seg + 64));
     return;
