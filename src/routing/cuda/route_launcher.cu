@@ -1,8 +1,9 @@
 // Launcher of the fused router (route_kernel.cuh): picks the kernel instance for the logits dtype and expert count
-// from a constexpr table, sizes the grid (one CTA for small T, else a few tokens per CTA up to a co-resident
-// cooperative grid), and launches once on the caller's stream. No allocation or synchronization per call: the
-// occupancy query and the shared-memory attribute are cached per kernel instance; the workspace comes with the
-// plan (RoutePlan allocates route_cuda_workspace_ints() zeroed int32 for CUDA plans).
+// from a constexpr table, sizes the grid (one CTA for small T, building its plan in one step when T * Kt <= 32;
+// else a few tokens per CTA up to a co-resident cooperative grid), and launches once on the caller's stream. No
+// allocation or synchronization per call: the occupancy query and the shared-memory attribute are cached per kernel
+// instance; the workspace comes with the plan (RoutePlan allocates route_cuda_workspace_ints() zeroed int32 for CUDA
+// plans).
 #include <cuda_runtime.h>
 
 #include <algorithm>
