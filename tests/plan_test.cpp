@@ -35,6 +35,20 @@ std::vector<int32_t> copy_of(const int32_t* p, int64_t n) {
   return std::vector<int32_t>(p, p + n);
 }
 
+/// A hand-computed plan: every array past the top-k ids and weights.
+struct HandPlan {
+  std::vector<int32_t> counts, offsets, sorted, rows, blocks, extent;
+};
+
+void expect_plan(const RoutePlanView& v, const HandPlan& want) {
+  EXPECT_EQ(copy_of(v.expert_counts, static_cast<int64_t>(want.counts.size())), want.counts);
+  EXPECT_EQ(copy_of(v.expert_offsets, static_cast<int64_t>(want.offsets.size())), want.offsets);
+  EXPECT_EQ(copy_of(v.sorted_slots, static_cast<int64_t>(want.sorted.size())), want.sorted);
+  EXPECT_EQ(copy_of(v.slot_rows, static_cast<int64_t>(want.rows.size())), want.rows);
+  EXPECT_EQ(copy_of(v.block_experts, static_cast<int64_t>(want.blocks.size())), want.blocks);
+  EXPECT_EQ(copy_of(v.extent, static_cast<int64_t>(want.extent.size())), want.extent);
+}
+
 // ------------------------------------------------------------------------------------------------ capacity
 
 TEST(PlanCapacity, HandComputedValues) {
@@ -311,12 +325,12 @@ TEST(BuildPlanReference, TinyCaseByHand) {
   build_plan_reference(3, plan.mutable_view());
   const RoutePlanView& v = plan.view();
   EXPECT_EQ(shape.capacity(), 10);
-  EXPECT_EQ(copy_of(v.expert_counts, 4), (std::vector<int32_t>{2, 0, 3, 1}));
-  EXPECT_EQ(copy_of(v.expert_offsets, 5), (std::vector<int32_t>{0, 2, 2, 6, 8}));
-  EXPECT_EQ(copy_of(v.sorted_slots, 10), (std::vector<int32_t>{1, 4, 0, 2, 5, 6, 3, 6, 6, 6}));
-  EXPECT_EQ(copy_of(v.slot_rows, 6), (std::vector<int32_t>{2, 0, 3, 6, 1, 4}));
-  EXPECT_EQ(copy_of(v.block_experts, 5), (std::vector<int32_t>{0, 2, 2, 3, -1}));
-  EXPECT_EQ(copy_of(v.extent, 2), (std::vector<int32_t>{8, 4}));
+  expect_plan(v, {.counts = {2, 0, 3, 1},
+                  .offsets = {0, 2, 2, 6, 8},
+                  .sorted = {1, 4, 0, 2, 5, 6, 3, 6, 6, 6},
+                  .rows = {2, 0, 3, 6, 1, 4},
+                  .blocks = {0, 2, 2, 3, -1},
+                  .extent = {8, 4}});
   EXPECT_EQ(v.tokens, 3);
 }
 
@@ -453,12 +467,12 @@ TEST(RoutePlan, CudaDeviceWithoutCuda) {
 // e3 {3}; B=2, sentinel 6, cap(3) = 6 + 4 = 10.
 void expect_hand_plan(const RoutePlanView& v) {
   EXPECT_EQ(v.tokens, 3);
-  EXPECT_EQ(copy_of(v.expert_counts, 4), (std::vector<int32_t>{2, 1, 2, 1}));
-  EXPECT_EQ(copy_of(v.expert_offsets, 5), (std::vector<int32_t>{0, 2, 4, 6, 8}));
-  EXPECT_EQ(copy_of(v.sorted_slots, 10), (std::vector<int32_t>{2, 5, 0, 6, 1, 4, 3, 6, 6, 6}));
-  EXPECT_EQ(copy_of(v.slot_rows, 6), (std::vector<int32_t>{2, 4, 0, 6, 5, 1}));
-  EXPECT_EQ(copy_of(v.block_experts, 5), (std::vector<int32_t>{0, 1, 2, 3, -1}));
-  EXPECT_EQ(copy_of(v.extent, 2), (std::vector<int32_t>{8, 4}));
+  expect_plan(v, {.counts = {2, 1, 2, 1},
+                  .offsets = {0, 2, 4, 6, 8},
+                  .sorted = {2, 5, 0, 6, 1, 4, 3, 6, 6, 6},
+                  .rows = {2, 4, 0, 6, 5, 1},
+                  .blocks = {0, 1, 2, 3, -1},
+                  .extent = {8, 4}});
 }
 
 // softmax_topk, E=4, K=2, B=2 on three tokens whose top-2 is plain from the logits (token 2 has a tie at 0.0
