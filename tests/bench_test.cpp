@@ -56,6 +56,45 @@ TEST(BenchPhases, RejectsATraceTooShortForItsShape) {
   EXPECT_THROW(route_phases_from_trace(trace, 1, 4, 1, 4), InvalidArgument);  // a slice needs 2 * 4 words
 }
 
+TEST(BenchKernels, ShortNamesDropNamespacesTemplatesAndParameters) {
+  // Mangled names as the profiler gives them (`c++filt` of each is in the comment).
+  // void moekit::detail::(anonymous namespace)::expert_gemv_kernel<1>(moekit::detail::GemvParams)
+  EXPECT_EQ(short_kernel_name("_ZN6moekit6detail12_GLOBAL__N_118expert_gemv_kernelILi1EEEvNS0_10GemvParamsE"),
+            "expert_gemv_kernel");
+  // void cutlass::device_kernel<Op<int, 2>>(Op<int, 2>::Params)
+  EXPECT_EQ(short_kernel_name("_ZN7cutlass13device_kernelI2OpIiLi2EEEEvNT_6ParamsE"), "device_kernel");
+  EXPECT_EQ(short_kernel_name("void ns::inner::combine_kernel<true>(ns::P)"), "combine_kernel");
+  EXPECT_EQ(short_kernel_name("plain"), "plain");
+  EXPECT_EQ(short_kernel_name("broken<(x"), "broken<(x");  // unbalanced: returned as given
+  EXPECT_EQ(short_kernel_name("_Znot_a_valid_mangling"), "_Znot_a_valid_mangling");
+}
+
+TEST(BenchKernels, BreakdownPerPositionFromSamplesWithTheMostKernels) {
+  // Three samples of two kernels (durations 2/3/4 us and 1/1/5 us; the second starts 0.5 us after the first ends,
+  // or 0.25 us before it, overlapping) and one incomplete sample, which is left out.
+  std::vector<std::vector<KernelSpan>> samples;
+  const double d1[] = {2, 3, 4}, d2[] = {1, 1, 5}, gap[] = {0.5, 0.5, -0.25};
+  for (int i = 0; i < 3; ++i) {
+    const uint64_t t0 = 1000000ull * (i + 1);
+    const uint64_t e0 = t0 + static_cast<uint64_t>(d1[i] * 1000);
+    const uint64_t s1 = static_cast<uint64_t>(static_cast<double>(e0) + gap[i] * 1000);
+    samples.push_back({{"_Z1av", t0, e0}, {"b", s1, s1 + static_cast<uint64_t>(d2[i] * 1000)}});
+  }
+  samples.push_back({{"_Z1av", 9000000, 9900000}});
+  const std::vector<KernelStat> k = kernel_breakdown(samples);
+  ASSERT_EQ(k.size(), 2u);
+  EXPECT_EQ(k[0].name, "a");
+  EXPECT_EQ(k[1].name, "b");
+  EXPECT_EQ(k[0].duration.samples, 3);
+  EXPECT_NEAR(k[0].duration.median_us, 3.0, 1e-9);
+  EXPECT_NEAR(k[0].duration.min_us, 2.0, 1e-9);
+  EXPECT_NEAR(k[1].duration.median_us, 1.0, 1e-9);
+  EXPECT_NEAR(k[1].duration.p90_us, 5.0, 1e-9);
+  EXPECT_EQ(k[0].start_gap_us, 0.0);
+  EXPECT_NEAR(k[1].start_gap_us, 0.5, 1e-9);
+  EXPECT_TRUE(kernel_breakdown({}).empty());
+}
+
 TEST(BenchRoute, FixturesAndUnknownName) {
   const std::vector<RouteCase> seed6 = route_fixtures("seed6");
   ASSERT_EQ(seed6.size(), 6u);

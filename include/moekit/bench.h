@@ -37,6 +37,27 @@ struct Stats {
 /// Median / p10 / p90 / min of `us` (nearest-rank). Empty input gives zeros.
 Stats summarize(std::vector<double> us);
 
+/// One kernel of one timed call, GPU timestamps in ns.
+struct KernelSpan {
+  std::string name;  // as the profiler reports it (mangled)
+  uint64_t start_ns = 0, end_ns = 0;
+};
+
+/// The k-th kernel of a call across samples: its duration and how long after the previous kernel's end it
+/// started (negative when a programmatically dependent launch overlapped its predecessor; 0 for the first).
+struct KernelStat {
+  std::string name;  // short: namespaces, template arguments and parameters removed
+  Stats duration;
+  double start_gap_us = 0;  // median
+};
+
+/// Per-position statistics of the kernels of `samples` (each a call's kernels, sorted by start). Only samples with
+/// the most kernels seen take part, so positions line up. Empty input gives an empty result.
+std::vector<KernelStat> kernel_breakdown(const std::vector<std::vector<KernelSpan>>& samples);
+
+/// "ns::kernel<T, 3>(Params)" -> "kernel"; a mangled name is demangled first; unparsable names come back as given.
+std::string short_kernel_name(const std::string& name);
+
 /// Machine ceilings, measured on the current device.
 struct Ceilings {
   std::string device;  // e.g. "NVIDIA H200"
@@ -75,6 +96,9 @@ class Harness {
 
   /// Kernels launched by one call in the last kernel_time() (the most seen in a sample).
   int kernels_per_call() const;
+
+  /// Per-kernel breakdown of the last kernel_time() (empty when it fell back to events).
+  const std::vector<KernelStat>& kernel_breakdown() const;
 
   /// "cupti", or "events (...why...)" when CUPTI delivered no usable kernel records and events were used.
   std::string kernel_time_source() const;

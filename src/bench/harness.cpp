@@ -3,8 +3,11 @@
 // whatever their number (the union of their intervals: overlapping dependent launches count once). Graph time replays
 // a captured graph of several calls and divides. Ceilings: a 1 GiB device copy (bytes read + written), an empty
 // kernel.
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 
@@ -33,6 +36,63 @@ Stats summarize(std::vector<double> us) {
   return s;
 }
 
+std::string short_kernel_name(const std::string& name) {
+  std::string full = name;
+  if (name.rfind("_Z", 0) == 0) {
+    int status = 0;
+    char* d = abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status);
+    if (status == 0 && d != nullptr) full = d;
+    std::free(d);
+  }
+  // Drop everything inside <...> and (...) (template arguments, parameters, "(anonymous namespace)"), then keep
+  // the last identifier: what follows the last "::" or space.
+  std::string flat;
+  int depth = 0;
+  for (const char c : full) {
+    if (c == '<' || c == '(') {
+      ++depth;
+    } else if (c == '>' || c == ')') {
+      if (depth == 0) return name;  // unbalanced: not a name this function understands
+      --depth;
+    } else if (depth == 0) {
+      flat += c;
+    }
+  }
+  if (depth != 0) return name;
+  while (!flat.empty() && flat.back() == ' ') flat.pop_back();
+  const size_t colon = flat.rfind("::"), space = flat.rfind(' ');
+  size_t from = 0;
+  if (colon != std::string::npos) from = colon + 2;
+  if (space != std::string::npos) from = std::max(from, space + 1);
+  std::string shortened = flat.substr(from);
+  return shortened.empty() ? name : shortened;
+}
+
+std::vector<KernelStat> kernel_breakdown(const std::vector<std::vector<KernelSpan>>& samples) {
+  size_t most = 0;
+  for (const auto& s : samples) most = std::max(most, s.size());
+  std::vector<KernelStat> out(most);
+  std::vector<std::vector<double>> durations(most), gaps(most);
+  for (const auto& s : samples) {
+    if (s.size() != most) continue;
+    for (size_t k = 0; k < most; ++k) {
+      durations[k].push_back(static_cast<double>(s[k].end_ns - s[k].start_ns) / 1000.0);
+      if (k > 0)
+        gaps[k].push_back((static_cast<double>(s[k].start_ns) - static_cast<double>(s[k - 1].end_ns)) / 1000.0);
+    }
+  }
+  for (size_t k = 0; k < most; ++k) {
+    for (const auto& s : samples)
+      if (s.size() == most) {
+        out[k].name = short_kernel_name(s[k].name);
+        break;
+      }
+    out[k].duration = summarize(durations[k]);
+    out[k].start_gap_us = k > 0 ? summarize(gaps[k]).median_us : 0.0;
+  }
+  return out;
+}
+
 #if MOEKIT_HAS_CUDA
 namespace {
 
@@ -51,6 +111,7 @@ void check_cupti(CUptiResult r, const char* what) {
 struct Interval {
   uint64_t start, end;
   bool kernel;
+  std::string name;  // kernels only
 };
 struct Records {
   std::mutex mu;
@@ -76,10 +137,10 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
     if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || rec->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
-      r.items.push_back({k->start, k->end, true});
+      r.items.push_back({k->start, k->end, true, k->name != nullptr ? k->name : "?"});
     } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
-      r.items.push_back({m->start, m->end, false});
+      r.items.push_back({m->start, m->end, false, {}});
     }
   }
   free(buffer);
@@ -92,6 +153,7 @@ struct Harness::Impl {
   void* flush = nullptr;
   size_t flush_bytes = 0;
   int kernels_per_call = 0;
+  std::vector<KernelStat> breakdown;  // of the last kernel_time()
   void* marker = nullptr;  // 256 bytes: a memset marks each sample's start when the L2 is not flushed
   std::string source = "cupti";
   bool cupti = false;  // kernel tracing on; off when another CUPTI client (a profiler) holds the callbacks
@@ -139,6 +201,9 @@ Stream Harness::stream() const {
 int Harness::kernels_per_call() const {
   return impl_->kernels_per_call;
 }
+const std::vector<KernelStat>& Harness::kernel_breakdown() const {
+  return impl_->breakdown;
+}
 std::string Harness::kernel_time_source() const {
   return impl_->source;
 }
@@ -180,13 +245,16 @@ Stats Harness::kernel_time(const LaunchFn& fn, int variants, const TimingOptions
   // another, and no double counting when a programmatically dependent launch overlaps its predecessor.
   std::vector<double> us;
   std::vector<int> kernels;
+  std::vector<std::vector<KernelSpan>> spans;
   uint64_t covered_to = 0;
   for (const Interval& it : items) {
     if (!it.kernel) {
       us.push_back(0);
       kernels.push_back(0);
+      spans.emplace_back();
       covered_to = 0;
     } else if (!us.empty()) {
+      spans.back().push_back({it.name, it.start, it.end});
       const uint64_t from = std::max(it.start, covered_to);
       if (it.end > from) us.back() += static_cast<double>(it.end - from) / 1000.0;
       covered_to = std::max(covered_to, it.end);
@@ -196,6 +264,7 @@ Stats Harness::kernel_time(const LaunchFn& fn, int variants, const TimingOptions
   const int with_kernels =
       static_cast<int>(std::count_if(kernels.begin(), kernels.end(), [](int k) { return k > 0; }));
   impl_->kernels_per_call = kernels.empty() ? 0 : *std::max_element(kernels.begin(), kernels.end());
+  impl_->breakdown = bench::kernel_breakdown(spans);
   if (impl_->cupti) impl_->source = "cupti";
   if (static_cast<int>(us.size()) != opt.samples || with_kernels != opt.samples) {
     // No usable CUPTI records: fall back to events around each call.
@@ -209,6 +278,7 @@ Stats Harness::kernel_time(const LaunchFn& fn, int variants, const TimingOptions
       impl_->source = "events (CUPTI gave " + std::to_string(items.size()) + " records for " +
                       std::to_string(opt.samples) + " samples)";
     impl_->kernels_per_call = 0;
+    impl_->breakdown.clear();
   }
   for (cudaEvent_t e : ev) cudaEventDestroy(e);
   return summarize(std::move(us));
@@ -309,6 +379,10 @@ Stream Harness::stream() const {
 }
 int Harness::kernels_per_call() const {
   return 0;
+}
+const std::vector<KernelStat>& Harness::kernel_breakdown() const {
+  static const std::vector<KernelStat> none;
+  return none;
 }
 std::string Harness::kernel_time_source() const {
   return "none";

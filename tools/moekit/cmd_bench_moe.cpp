@@ -1,7 +1,7 @@
-// `moekit bench moe --preset NAME --tokens LIST [--samples N] [--gemm1 I --gemm2 J] [--json PATH]`: verifies the
-// bf16 GPU experts of a preset against the CPU reference, then times experts-only and route + experts (cold-L2
-// kernel time and CUDA-graph replay, through the shared harness) with the ceilings measured in the same run, and
-// prints a markdown table with the fraction of the roofline floor.
+// `moekit bench moe --preset NAME --tokens LIST [--samples N] [--gemm1 I --gemm2 J] [--kernels] [--json PATH]`:
+// verifies the bf16 GPU experts of a preset against the CPU reference, then times experts-only and route + experts
+// (cold-L2 kernel time and CUDA-graph replay, through the shared harness) with the ceilings measured in the same
+// run, and prints a markdown table with the fraction of the roofline floor (with --kernels, then each T's kernels).
 // `--tuned` instead compares, per T (default 1, 64, 4096), the autotuner's pair with the default heuristic's pair on
 // the "cuda_bf16" layer runner: staged tuning of T's bucket, verification of both pairs against the reference
 // runner, then route + experts of each pair as CUDA-graph replay medians in the same run.
@@ -38,6 +38,7 @@ struct BenchMoeCli {
   int gemm1 = -1, gemm2 = -1;
   std::string json;
   bool tuned = false;
+  bool kernels = false;
   bool tokens_given = false;
 };
 
@@ -65,6 +66,10 @@ nlohmann::json to_json(const MoeBenchReport& r) {
                          {"floor_fraction_graph", x.floor_us / x.experts_graph_us},
                          {"floor_fraction_cold", x.floor_us / x.experts_cold_us},
                          {"verify_error", x.verify_error}});
+    nlohmann::json& ks = j["rows"].back()["experts_kernels"];
+    ks = nlohmann::json::array();
+    for (const MoeKernelTime& k : x.experts_kernels)
+      ks.push_back({{"name", k.name}, {"median_us", k.median_us}, {"start_gap_us", k.start_gap_us}});
   }
   return j;
 }
@@ -88,6 +93,20 @@ void print_table(const MoeBenchReport& r) {
                           x.bytes / (x.experts_graph_us * 1e-6) / 1e12, x.flops / (x.experts_graph_us * 1e-6) / 1e12,
                           x.floor_us / x.experts_graph_us, x.floor_us / x.experts_cold_us, x.verify_error)
                   .c_str());
+  }
+}
+
+// Per T, the experts-only call's kernels in launch order (cold L2, medians).
+void print_kernels(const MoeBenchReport& r) {
+  for (const MoeBenchRow& x : r.rows) {
+    std::printf("%s", fmt::format("\nkernels of one experts call, T = {} (cold L2, median us; gap: start after the "
+                                  "previous kernel's end)\n| # | kernel | us | gap us |\n|---|---|---|---|\n",
+                                  x.tokens)
+                          .c_str());
+    for (size_t i = 0; i < x.experts_kernels.size(); ++i) {
+      const MoeKernelTime& k = x.experts_kernels[i];
+      std::printf("%s", fmt::format("| {} | {} | {:.1f} | {:.2f} |\n", i, k.name, k.median_us, k.start_gap_us).c_str());
+    }
   }
 }
 
@@ -273,6 +292,7 @@ void add_bench_moe_command(CLI::App& bench) {
   cmd->add_option("--json", opts->json, "Write the report as JSON to this path");
   cmd->add_flag("--tuned", opts->tuned,
                 "Tune each T's bucket on the cuda_bf16 runner and time the tuned pair against the default pair");
+  cmd->add_flag("--kernels", opts->kernels, "Also print each T's experts kernels (cold L2 median and start gap)");
   cmd->callback([opts, tokens] {
     if (opts->tuned) {
       opts->tokens_given = tokens->count() > 0;
@@ -290,6 +310,7 @@ void add_bench_moe_command(CLI::App& bench) {
     bench::Harness harness;
     const MoeBenchReport report = bench_moe(harness, o);
     print_table(report);
+    if (opts->kernels) print_kernels(report);
     if (!opts->json.empty()) write_json_file("bench", opts->json, to_json(report).dump(2));
   });
 }
