@@ -4,18 +4,28 @@
 // padding rows and other ranks' rows return at once, so nothing needs a host sync.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "experts/cuda/experts_device.cuh"
 
 namespace moekit::detail {
 namespace {
 
-// Gather and activation: one warp per token (gather) or per row (activation), kWarpsPerCta of them per CTA, each
-// lane walking its token's or row's 16-byte chunks two at a time (both chunks' loads go out before either is
-// used). A warp's lookups are broadcast loads; a CTA per row spent most of its life in that lookup chain.
+// Gather and activation: one warp per token (gather) or per row slice (activation), kWarpsPerCta of them per CTA,
+// each lane walking 16-byte chunks two at a time (both chunks' loads go out before either is used). A warp's
+// lookups are broadcast loads; a CTA per row spent most of its life in that lookup chain. The activation splits a
+// row over gridDim.y warps only when there are few rows: a whole row per warp left wide rows (I = 14336) to a few
+// warps at small T, and slices of many rows repeat the lookups (10-17% slower at T = 4096).
 constexpr int kWarpsPerCta = 8;
+constexpr int kActPass = 2 * 32 * 8;    // outputs of one row one warp pass covers: two 16-byte chunks per lane
+constexpr int64_t kActWarps = 16384;    // the activation splits rows until about this many warps are launched
 
-// Hidden row t is read once and written to the a1 row of each of its local slots.
+// Hidden row t is read once and written to the a1 row of each of its local slots. The passes are launched as
+// dependents of the kernel before them (launch_dependent: no launch gap) and wait before they read what it wrote.
+// The CUTLASS GEMMs between them are ordinary launches: launched as dependents they ran 2-7% slower at T = 4096
+// (H200, docs/benchmarks.md), so the passes do not let them start early either.
 __global__ void __launch_bounds__(kWarpsPerCta * 32) gather_tokens_kernel(GatherParams p) {
+  wait_for_predecessor();
   const int lane = threadIdx.x & 31;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + (threadIdx.x >> 5);
   if (t >= p.plan.tokens) return;
@@ -73,23 +83,30 @@ struct GateUp8 {
   }
 };
 
+// Grid: (rows / kWarpsPerCta, slices per row). The plan was complete before this kernel launched, so rows are
+// looked up first and padding exits at once; c1 is read only after GEMM1 is done.
 __global__ void __launch_bounds__(kWarpsPerCta * 32) activation_rows_kernel(ActivationKernelParams p) {
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + (threadIdx.x >> 5);
   if (row >= p.plan.capacity) return;
   const int expert = row_local_expert(p.plan, p.map, row);
   if (expert < 0) return;
+  wait_for_predecessor();
   const int inter = p.intermediate;
   const __nv_bfloat16* c1 = static_cast<const __nv_bfloat16*>(p.c1) + row * 2 * inter;
   __nv_bfloat16* act = static_cast<__nv_bfloat16*>(p.act) + row * inter;
   const int64_t bias_base = static_cast<int64_t>(expert) * 2 * inter;
-  for (int i0 = lane * 8; i0 < inter; i0 += 2 * 32 * 8) {
+  const int passes = (inter + kActPass - 1) / kActPass;
+  const int per_slice = (passes + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y);
+  const int begin = static_cast<int>(blockIdx.y) * per_slice * kActPass;
+  const int end = min(inter, begin + per_slice * kActPass);
+  for (int i0 = begin + lane * 8; i0 < end; i0 += kActPass) {
     const int i1 = i0 + 32 * 8;
     GateUp8 x0, x1;
     x0.load(c1, p.layout, i0, inter);
-    if (i1 < inter) x1.load(c1, p.layout, i1, inter);
+    if (i1 < end) x1.load(c1, p.layout, i1, inter);
     x0.apply(p, bias_base, i0, act + i0);
-    if (i1 < inter) x1.apply(p, bias_base, i1, act + i1);
+    if (i1 < end) x1.apply(p, bias_base, i1, act + i1);
   }
 }
 
@@ -145,15 +162,18 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
 void launch_gather(const GatherParams& p, Stream stream) {
   if (p.plan.tokens == 0) return;
   const auto ctas = static_cast<unsigned>((p.plan.tokens + kWarpsPerCta - 1) / kWarpsPerCta);
-  gather_tokens_kernel<<<ctas, kWarpsPerCta * 32, 0, static_cast<cudaStream_t>(stream)>>>(p);
-  check_launch("gather_tokens_kernel");
+  launch_dependent(gather_tokens_kernel, dim3(ctas), dim3(kWarpsPerCta * 32), stream, p, "gather_tokens_kernel");
 }
 
 void launch_activation(const ActivationKernelParams& p, Stream stream) {
   if (p.plan.capacity == 0) return;
-  const auto ctas = static_cast<unsigned>((p.plan.capacity + kWarpsPerCta - 1) / kWarpsPerCta);
-  activation_rows_kernel<<<ctas, kWarpsPerCta * 32, 0, static_cast<cudaStream_t>(stream)>>>(p);
-  check_launch("activation_rows_kernel");
+  const int64_t passes = (p.intermediate + kActPass - 1) / kActPass;
+  const int64_t wanted = std::clamp<int64_t>((kActWarps + p.plan.capacity - 1) / p.plan.capacity, 1, passes);
+  const int64_t per_slice = (passes + wanted - 1) / wanted;
+  const int64_t slices = (passes + per_slice - 1) / per_slice;  // no empty slice; the kernel finds per_slice again
+  const dim3 grid(static_cast<unsigned>((p.plan.capacity + kWarpsPerCta - 1) / kWarpsPerCta),
+                  static_cast<unsigned>(slices));
+  launch_dependent(activation_rows_kernel, grid, dim3(kWarpsPerCta * 32), stream, p, "activation_rows_kernel");
 }
 
 void launch_combine(const CombineParams& p, Stream stream) {

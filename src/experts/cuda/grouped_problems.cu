@@ -14,6 +14,8 @@ namespace {
 constexpr int kFillThreads = 256;
 
 __global__ void __launch_bounds__(kFillThreads) fill_grouped_problems_kernel(FillProblemsParams p) {
+  wait_for_predecessor();  // the router's plan; also orders this call after the previous call's last kernel
+  allow_dependents();
   using Shape = GroupedProblemShape::UnderlyingProblemShape;
   const int64_t h = p.hidden, i2 = 2 * p.intermediate, in = p.intermediate;
   auto* shapes1 = static_cast<Shape*>(p.gemm1.problem_shapes);
@@ -49,8 +51,8 @@ GroupedArraySizes grouped_array_sizes() {
 }
 
 void launch_fill_problems(const FillProblemsParams& p, Stream stream) {
-  fill_grouped_problems_kernel<<<1, kFillThreads, 0, static_cast<cudaStream_t>(stream)>>>(p);
-  check_launch("fill_grouped_problems_kernel");
+  launch_dependent(fill_grouped_problems_kernel, dim3(1), dim3(kFillThreads), stream, p,
+                   "fill_grouped_problems_kernel");
 }
 
 }  // namespace moekit::detail
