@@ -177,9 +177,8 @@ __device__ __forceinline__ void tiny_plan(const RouteParams& p, const uint32_t* 
 #pragma unroll 8
       for (int j = 0; j < 32; ++j) add_lane(j);
     }
-    const int first = __shfl_sync(kFullMask, offset, __ffs(same) - 1);  // the leader's offset
-    if (valid) {
-      const int row = first + rank;
+    if (valid) {  // offset depends on g only: every slot of a group has its segment's first row
+      const int row = offset + rank;
       p.sorted_slots[row] = lane;
       p.slot_rows[lane] = row;
     }
