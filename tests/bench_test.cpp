@@ -67,6 +67,9 @@ TEST(BenchKernels, ShortNamesDropNamespacesTemplatesAndParameters) {
   EXPECT_EQ(short_kernel_name("plain"), "plain");
   EXPECT_EQ(short_kernel_name("broken<(x"), "broken<(x");  // unbalanced: returned as given
   EXPECT_EQ(short_kernel_name("_Znot_a_valid_mangling"), "_Znot_a_valid_mangling");
+  // Rejected by the demangler (as some CUTLASS kernels' names are): the leading nested name still gives the function.
+  EXPECT_EQ(short_kernel_name("_ZN7cutlass13device_kernelIQQQ"), "device_kernel");
+  EXPECT_EQ(short_kernel_name("_ZN7cutlass99overlong"), "_ZN7cutlass99overlong");  // length past the end
 }
 
 TEST(BenchKernels, BreakdownPerPositionFromSamplesWithTheMostKernels) {

@@ -55,7 +55,9 @@ struct KernelStat {
 /// the most kernels seen take part, so positions line up. Empty input gives an empty result.
 std::vector<KernelStat> kernel_breakdown(const std::vector<std::vector<KernelSpan>>& samples);
 
-/// "ns::kernel<T, 3>(Params)" -> "kernel"; a mangled name is demangled first; unparsable names come back as given.
+/// "ns::kernel<T, 3>(Params)" -> "kernel"; a mangled name is demangled first (where the demangler fails, its leading
+/// nested name gives the function: "_ZN7cutlass13device_kernelI..." -> "device_kernel"); unparsable names come
+/// back as given.
 std::string short_kernel_name(const std::string& name);
 
 /// Machine ceilings, measured on the current device.

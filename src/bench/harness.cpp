@@ -36,13 +36,37 @@ Stats summarize(std::vector<double> us) {
   return s;
 }
 
+namespace {
+
+// The function's own name from a mangled name's leading <length><identifier> run ("_ZN7cutlass13device_kernelI..."
+// -> "device_kernel"), for names the demangler rejects (some CUTLASS kernels' are); empty when there is none.
+std::string mangled_function_name(const std::string& name) {
+  size_t i = name.rfind("_ZN", 0) == 0 ? 3 : 2;
+  std::string last;
+  while (i < name.size() && name[i] >= '0' && name[i] <= '9') {
+    size_t len = 0;
+    while (i < name.size() && name[i] >= '0' && name[i] <= '9') len = len * 10 + static_cast<size_t>(name[i++] - '0');
+    if (len == 0 || i + len > name.size()) return {};
+    last = name.substr(i, len);
+    i += len;
+  }
+  return last;
+}
+
+}  // namespace
+
 std::string short_kernel_name(const std::string& name) {
   std::string full = name;
   if (name.rfind("_Z", 0) == 0) {
     int status = 0;
     char* d = abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status);
-    if (status == 0 && d != nullptr) full = d;
+    const bool ok = status == 0 && d != nullptr;
+    if (ok) full = d;
     std::free(d);
+    if (!ok) {
+      const std::string f = mangled_function_name(name);
+      return f.empty() ? name : f;
+    }
   }
   // Drop everything inside <...> and (...) (template arguments, parameters, "(anonymous namespace)"), then keep
   // the last identifier: what follows the last "::" or space.
