@@ -178,7 +178,7 @@ struct Harness::Impl {
   size_t flush_bytes = 0;
   int kernels_per_call = 0;
   std::vector<KernelStat> breakdown;  // of the last kernel_time()
-  void* marker = nullptr;  // 256 bytes: a memset marks each sample's start when the L2 is not flushed
+  void* marker = nullptr;             // 256 bytes: a memset marks each sample's start when the L2 is not flushed
   std::string source = "cupti";
   bool cupti = false;  // kernel tracing on; off when another CUPTI client (a profiler) holds the callbacks
 };

@@ -105,7 +105,8 @@ void print_kernels(const MoeBenchReport& r) {
                           .c_str());
     for (size_t i = 0; i < x.experts_kernels.size(); ++i) {
       const MoeKernelTime& k = x.experts_kernels[i];
-      std::printf("%s", fmt::format("| {} | {} | {:.1f} | {:.2f} |\n", i, k.name, k.median_us, k.start_gap_us).c_str());
+      std::printf("%s",
+                  fmt::format("| {} | {} | {:.1f} | {:.2f} |\n", i, k.name, k.median_us, k.start_gap_us).c_str());
     }
   }
 }

@@ -17,8 +17,8 @@ namespace {
 // row over gridDim.y warps only when there are few rows: a whole row per warp left wide rows (I = 14336) to a few
 // warps at small T, and slices of many rows repeat the lookups (10-17% slower at T = 4096).
 constexpr int kWarpsPerCta = 8;
-constexpr int kActPass = 2 * 32 * 8;    // outputs of one row one warp pass covers: two 16-byte chunks per lane
-constexpr int64_t kActWarps = 16384;    // the activation splits rows until about this many warps are launched
+constexpr int kActPass = 2 * 32 * 8;  // outputs of one row one warp pass covers: two 16-byte chunks per lane
+constexpr int64_t kActWarps = 16384;  // the activation splits rows until about this many warps are launched
 
 // Hidden row t is read once and written to the a1 row of each of its local slots. The passes are launched as
 // dependents of the kernel before them (launch_dependent: no launch gap) and wait before they read what it wrote.
