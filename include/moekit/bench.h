@@ -1,7 +1,8 @@
 // Benchmark harness (DESIGN §11), reused by every `moekit bench` command: verify first, then time.
 //   - kernel time: the GPU's own start/end of every kernel one call launches (CUPTI activity records), summed per
 //     call (overlapping kernels counted once), with the L2 flushed (a buffer of 2x the L2 is written) before each
-//     sample and inputs rotated;
+//     sample and inputs rotated; kernel_breakdown() gives each kernel of the call by position, its median and its
+//     start after its predecessor;
 //   - graph time: back-to-back CUDA-graph replays of the call, timed with events (warm, launch gaps included);
 //   - ceilings measured in the same run: device copy bandwidth and the empty-kernel costs.
 // Statistics are medians with p10/p90 over >= 100 samples. Host-only header; in a build without CUDA every entry

@@ -2,7 +2,7 @@
 // the memset that opens it (the L2 flush of 2x its size, or a small marker), so kernels are summed per sample
 // whatever their number (the union of their intervals: overlapping dependent launches count once). Graph time replays
 // a captured graph of several calls and divides. Ceilings: a 1 GiB device copy (bytes read + written), an empty
-// kernel.
+// kernel. The same records, taken by position within the call, give each kernel's median and start gap.
 #include <cxxabi.h>
 
 #include <algorithm>
