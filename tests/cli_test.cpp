@@ -84,6 +84,19 @@ TEST(Cli, BenchRouteTakesCommaLists) {
   }
 }
 
+// --kernels is accepted (an unknown flag exits with 2 and "was not expected"); with a GPU the breakdown is printed.
+TEST(Cli, BenchMoeTakesKernels) {
+  CliRun r = run_cli("bench moe --preset qwen3-30b-a3b --tokens 1 --samples 1 --verify-tokens 1 --kernels");
+  EXPECT_EQ(r.output.find("was not expected"), std::string::npos) << r.output;
+  if (r.status != 0) {
+    EXPECT_NE(r.output.find("a CUDA device (none found) is needed"), std::string::npos) << r.output;
+  } else {
+    EXPECT_NE(r.output.find("kernels of one experts call, T = 1"), std::string::npos) << r.output;
+  }
+  CliRun help = run_cli("bench moe --help");
+  EXPECT_NE(help.output.find("--kernels"), std::string::npos) << help.output;
+}
+
 TEST(Cli, HelpEverywhere) {
   for (const char* sub : {"", "demo", "route", "bench", "tune"}) {
     CliRun r = run_cli(std::string(sub) + " --help");
