@@ -35,8 +35,12 @@ step() {
     tail -n 30 "$out/$name.log"
   fi
 }
-show() {  # show LOG...: the table lines of benchmark logs
-  for b in "$@"; do [[ -f "$out/$b.log" ]] && grep -E '^\||copy|^backend|^time|tuned in|staged tuning' "$out/$b.log"; echo; done
+show() {  # show LOG...: the table lines of benchmark logs (bench moe's per-kernel tables stay in the logs)
+  for b in "$@"; do
+    [[ -f "$out/$b.log" ]] && awk '/^kernels of one experts call/ { exit }
+      /^\||copy|^backend|^time|tuned in|staged tuning/' "$out/$b.log"
+    echo
+  done
 }
 
 nvidia-smi --query-gpu=index,name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$out/gpu.txt"
@@ -77,7 +81,7 @@ if want bench; then
   step bench_route_dsv3 "$moekit" bench route --fixtures dsv3 --phases --json "$out/bench_route_dsv3.json"
   for p in mixtral-8x7b qwen3-30b-a3b deepseek-v3 qwen3-next-80b gpt-oss-120b; do
     step "bench_moe_$p" "$moekit" bench moe --preset "$p" --tokens "${MOE_TOKENS:-1,16,64,256,1024,4096,16384}" \
-      --json "$out/bench_moe_$p.json"
+      --kernels --json "$out/bench_moe_$p.json"
   done
   jsons=()
   for p in mixtral-8x7b qwen3-30b-a3b deepseek-v3 qwen3-next-80b gpt-oss-120b; do
