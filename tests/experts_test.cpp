@@ -1,6 +1,7 @@
 // Expert compute: activation and layout names, gated activations at hand-worked points, the CPU reference layer
 // against an independent fp64 computation (every activation and gate/up layout, biases, shared experts, expert
-// parallelism, empty experts, one token, thread-count independence), and every validation message.
+// parallelism, empty experts, one token, thread-count independence), every validation message, and the GPU
+// activation pass's split of rows into slices.
 // Plans are filled by hand here (topk ids and weights): experts_reference reads nothing else from the plan.
 #include "moekit/experts.h"
 
@@ -15,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "experts/activation_slices.h"
 #include "experts/internal.h"
 #include "moekit/error.h"
 #include "moekit/presets.h"
@@ -561,6 +563,43 @@ TEST(ExpertsReferenceValidate, TensorsPlanAndThreads) {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Timing of real shapes at 16 tokens (run with --gtest_also_run_disabled_tests; prints, asserts nothing on time).
+
+// The slices of the GPU activation pass: each row's I outputs covered exactly once by whole passes, no slice empty,
+// as many slices as fit the warp target, and the kernel's per-slice count equal to the launcher's.
+TEST(ActivationSlices, CoverEveryRowOnceWithoutEmptySlices) {
+  using namespace detail;
+  const int64_t target = 16384;
+  for (int inter = 8; inter <= 16384; inter += 8) {
+    const int passes = act_passes(inter);
+    ASSERT_GE(passes * kActPass, inter);
+    ASSERT_LT((passes - 1) * kActPass, inter);
+    for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{17}, int64_t{536}, int64_t{1144}, int64_t{4095},
+                         int64_t{16384}, int64_t{200000}}) {
+      const int64_t slices = act_slices(passes, rows, target);
+      ASSERT_GE(slices, 1);
+      ASSERT_LE(slices, passes);
+      const int per = act_passes_per_slice(passes, static_cast<int>(slices));
+      const int64_t wanted = std::min<int64_t>(passes, std::max<int64_t>(1, (target + rows - 1) / rows));
+      EXPECT_LE(slices, wanted) << inter << " " << rows;
+      if (per > 1) {  // per is the fewest passes per slice that fit in the wanted slices
+        EXPECT_GT((passes + per - 2) / (per - 1), wanted) << inter << " " << rows;
+      }
+      // The kernel's ranges, slice by slice: [begin, end) back to back from 0 to I, none empty.
+      int covered = 0;
+      for (int64_t y = 0; y < slices; ++y) {
+        const int begin = static_cast<int>(y) * per * kActPass;
+        const int end = std::min(inter, begin + per * kActPass);
+        ASSERT_EQ(begin, covered) << inter << " " << rows << " slice " << y;
+        ASSERT_LT(begin, end) << inter << " " << rows << " slice " << y;
+        covered = end;
+      }
+      ASSERT_EQ(covered, inter) << inter << " " << rows;
+    }
+  }
+  // Many rows: a warp per whole row; few rows: one slice per pass (mixtral's I = 14336 at T = 16).
+  EXPECT_EQ(act_slices(act_passes(14336), 40000, target), 1);
+  EXPECT_EQ(act_slices(act_passes(14336), 536, target), 28);
+}
 
 TEST(ExpertsReferenceTiming, DISABLED_PresetsAt16Tokens) {
   for (const char* name : {"qwen3-30b-a3b", "mixtral-8x7b"}) {

@@ -4,8 +4,7 @@
 // padding rows and other ranks' rows return at once, so nothing needs a host sync.
 #include <cuda_runtime.h>
 
-#include <algorithm>
-
+#include "experts/activation_slices.h"
 #include "experts/cuda/experts_device.cuh"
 
 namespace moekit::detail {
@@ -17,7 +16,6 @@ namespace {
 // row over gridDim.y warps only when there are few rows: a whole row per warp left wide rows (I = 14336) to a few
 // warps at small T, and slices of many rows repeat the lookups (10-17% slower at T = 4096).
 constexpr int kWarpsPerCta = 8;
-constexpr int kActPass = 2 * 32 * 8;  // outputs of one row one warp pass covers: two 16-byte chunks per lane
 constexpr int64_t kActWarps = 16384;  // the activation splits rows until about this many warps are launched
 
 // Hidden row t is read once and written to the a1 row of each of its local slots. The passes are launched as
@@ -96,8 +94,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) activation_rows_kernel(Acti
   const __nv_bfloat16* c1 = static_cast<const __nv_bfloat16*>(p.c1) + row * 2 * inter;
   __nv_bfloat16* act = static_cast<__nv_bfloat16*>(p.act) + row * inter;
   const int64_t bias_base = static_cast<int64_t>(expert) * 2 * inter;
-  const int passes = (inter + kActPass - 1) / kActPass;
-  const int per_slice = (passes + static_cast<int>(gridDim.y) - 1) / static_cast<int>(gridDim.y);
+  const int per_slice = act_passes_per_slice(act_passes(inter), static_cast<int>(gridDim.y));
   const int begin = static_cast<int>(blockIdx.y) * per_slice * kActPass;
   const int end = min(inter, begin + per_slice * kActPass);
   for (int i0 = begin + lane * 8; i0 < end; i0 += kActPass) {
@@ -167,10 +164,7 @@ void launch_gather(const GatherParams& p, Stream stream) {
 
 void launch_activation(const ActivationKernelParams& p, Stream stream) {
   if (p.plan.capacity == 0) return;
-  const int64_t passes = (p.intermediate + kActPass - 1) / kActPass;
-  const int64_t wanted = std::clamp<int64_t>((kActWarps + p.plan.capacity - 1) / p.plan.capacity, 1, passes);
-  const int64_t per_slice = (passes + wanted - 1) / wanted;
-  const int64_t slices = (passes + per_slice - 1) / per_slice;  // no empty slice; the kernel finds per_slice again
+  const int64_t slices = act_slices(act_passes(p.intermediate), p.plan.capacity, kActWarps);
   const dim3 grid(static_cast<unsigned>((p.plan.capacity + kWarpsPerCta - 1) / kWarpsPerCta),
                   static_cast<unsigned>(slices));
   launch_dependent(activation_rows_kernel, grid, dim3(kWarpsPerCta * 32), stream, p, "activation_rows_kernel");
