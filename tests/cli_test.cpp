@@ -95,6 +95,9 @@ TEST(Cli, BenchMoeTakesKernels) {
   }
   CliRun help = run_cli("bench moe --help");
   EXPECT_NE(help.output.find("--kernels"), std::string::npos) << help.output;
+  CliRun both = run_cli("bench moe --preset qwen3-30b-a3b --tuned --kernels");  // --tuned has no kernel table
+  EXPECT_NE(both.status, 0);
+  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
 }
 
 TEST(Cli, HelpEverywhere) {

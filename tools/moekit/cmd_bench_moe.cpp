@@ -291,9 +291,11 @@ void add_bench_moe_command(CLI::App& bench) {
   cmd->add_option("--gemm1", opts->gemm1, "GEMM1 tactic index (default: the heuristic)");
   cmd->add_option("--gemm2", opts->gemm2, "GEMM2 tactic index (default: the heuristic)");
   cmd->add_option("--json", opts->json, "Write the report as JSON to this path");
-  cmd->add_flag("--tuned", opts->tuned,
-                "Tune each T's bucket on the cuda_bf16 runner and time the tuned pair against the default pair");
-  cmd->add_flag("--kernels", opts->kernels, "Also print each T's experts kernels (cold L2 median and start gap)");
+  CLI::Option* tuned =
+      cmd->add_flag("--tuned", opts->tuned,
+                    "Tune each T's bucket on the cuda_bf16 runner and time the tuned pair against the default pair");
+  cmd->add_flag("--kernels", opts->kernels, "Also print each T's experts kernels (cold L2 median and start gap)")
+      ->excludes(tuned);
   cmd->callback([opts, tokens] {
     if (opts->tuned) {
       opts->tokens_given = tokens->count() > 0;
