@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "moekit/bench.h"
 #include "moekit/experts.h"
 #include "moekit/plan.h"
 #include "moekit/tensor.h"
@@ -95,10 +96,6 @@ class CudaExperts {
 
 // ---- benchmark (`moekit bench moe`; defined in the moekit_bench library) ------------------------------------------
 
-namespace bench {
-class Harness;  // moekit/bench.h
-}
-
 struct MoeBenchOptions {
   std::string preset;           // a name from presets()
   std::vector<int64_t> tokens;  // T values to time
@@ -114,13 +111,6 @@ struct MoeBenchCeilings {
   double copy_tb_per_s = 0, gemm_tflop_per_s = 0, graph_launch_us = 0;
 };
 
-/// One kernel of an experts-only call (cold L2): its short name, median duration and median start gap after the
-/// previous kernel's end (negative: it overlapped its predecessor under programmatic dependent launch).
-struct MoeKernelTime {
-  std::string name;
-  double median_us = 0, start_gap_us = 0;
-};
-
 struct MoeBenchRow {
   int64_t tokens = 0;
   std::string gemm1, gemm2;     // tactic names
@@ -131,7 +121,7 @@ struct MoeBenchRow {
   double experts_cold_us = 0, experts_graph_us = 0;              // medians: cold-L2 kernel time / graph replay
   double route_experts_cold_us = 0, route_experts_graph_us = 0;  // router + experts
   double verify_error = 0;                                       // relative Frobenius error against experts_reference
-  std::vector<MoeKernelTime> experts_kernels;                    // the experts-only call's kernels, in launch order
+  std::vector<bench::KernelStat> experts_kernels;  // the experts-only call's kernels in launch order (cold L2)
 };
 
 struct MoeBenchReport {

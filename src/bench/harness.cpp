@@ -105,12 +105,9 @@ std::vector<KernelStat> kernel_breakdown(const std::vector<std::vector<KernelSpa
         gaps[k].push_back((static_cast<double>(s[k].start_ns) - static_cast<double>(s[k - 1].end_ns)) / 1000.0);
     }
   }
+  const auto named = std::find_if(samples.begin(), samples.end(), [&](const auto& s) { return s.size() == most; });
   for (size_t k = 0; k < most; ++k) {
-    for (const auto& s : samples)
-      if (s.size() == most) {
-        out[k].name = short_kernel_name(s[k].name);
-        break;
-      }
+    out[k].name = short_kernel_name((*named)[k].name);
     out[k].duration = summarize(durations[k]);
     out[k].start_gap_us = k > 0 ? summarize(gaps[k]).median_us : 0.0;
   }

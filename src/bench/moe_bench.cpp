@@ -215,8 +215,7 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
     };
     row.experts_cold_us = harness.kernel_time(experts, 1, timing).median_us;
     row.kernels = harness.kernels_per_call();
-    for (const bench::KernelStat& k : harness.kernel_breakdown())
-      row.experts_kernels.push_back({k.name, k.duration.median_us, k.start_gap_us});
+    row.experts_kernels = harness.kernel_breakdown();
     report.timing_source = harness.kernel_time_source();
     row.experts_graph_us = harness.graph_time(experts, 1, timing).median_us;
     row.route_experts_cold_us = harness.kernel_time(both, 1, timing).median_us;

@@ -68,8 +68,12 @@ nlohmann::json to_json(const MoeBenchReport& r) {
                          {"verify_error", x.verify_error}});
     nlohmann::json& ks = j["rows"].back()["experts_kernels"];
     ks = nlohmann::json::array();
-    for (const MoeKernelTime& k : x.experts_kernels)
-      ks.push_back({{"name", k.name}, {"median_us", k.median_us}, {"start_gap_us", k.start_gap_us}});
+    for (const bench::KernelStat& k : x.experts_kernels)
+      ks.push_back({{"name", k.name},
+                    {"median_us", k.duration.median_us},
+                    {"p10_us", k.duration.p10_us},
+                    {"p90_us", k.duration.p90_us},
+                    {"start_gap_us", k.start_gap_us}});
   }
   return j;
 }
@@ -104,9 +108,10 @@ void print_kernels(const MoeBenchReport& r) {
                                   x.tokens)
                           .c_str());
     for (size_t i = 0; i < x.experts_kernels.size(); ++i) {
-      const MoeKernelTime& k = x.experts_kernels[i];
-      std::printf("%s",
-                  fmt::format("| {} | {} | {:.1f} | {:.2f} |\n", i, k.name, k.median_us, k.start_gap_us).c_str());
+      const bench::KernelStat& k = x.experts_kernels[i];
+      std::printf(
+          "%s",
+          fmt::format("| {} | {} | {:.1f} | {:.2f} |\n", i, k.name, k.duration.median_us, k.start_gap_us).c_str());
     }
   }
 }
