@@ -42,7 +42,9 @@ double median(std::vector<float> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-// cuBLAS bf16 GEMM 8192^3 on random data with fp32 accumulation, as CUDA-graph replays: TFLOP/s.
+// cuBLAS bf16 GEMM 8192^3 on random data with fp32 accumulation, as CUDA-graph replays: TFLOP/s, the best of three
+// medians (a ceiling is the best rate the GPU reaches; single medians moved between ~730 and ~795 TFLOP/s from one
+// run to the next on the H200, and the fraction of the floor with them).
 double measure_gemm_rate(bench::Harness& harness) {
   const int n = 8192;
   cudaStream_t s = static_cast<cudaStream_t>(harness.stream());
@@ -68,8 +70,12 @@ double measure_gemm_rate(bench::Harness& harness) {
   bench::TimingOptions t;
   t.graph_calls = 4;
   t.graph_replays = 10;
-  const bench::Stats st = harness.graph_time(gemm, 1, t);
-  return 2.0 * n * double(n) * n / (st.median_us * 1e-6) / 1e12;
+  double best_us = 0.0;
+  for (int round = 0; round < 3; ++round) {
+    const double us = harness.graph_time(gemm, 1, t).median_us;
+    if (round == 0 || us < best_us) best_us = us;
+  }
+  return 2.0 * n * double(n) * n / (best_us * 1e-6) / 1e12;
 }
 
 std::vector<uint16_t> to_host_bf16(const void* p, int64_t n) {

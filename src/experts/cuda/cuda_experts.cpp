@@ -22,23 +22,25 @@ namespace {
 
 using detail::GroupedGemmOps;
 
-constexpr std::array<GemmTacticInfo, 4> kTactics{{
+constexpr std::array<GemmTacticInfo, 5> kTactics{{
     {"gemv_8rows", GemmKernelKind::gemv, 8, 16, 0},
     {"sm90_pingpong_64x128x64", GemmKernelKind::grouped, 64, 128, 64},
     {"sm90_cooperative_128x128x64", GemmKernelKind::grouped, 128, 128, 64},
     {"sm90_cooperative_128x256x64", GemmKernelKind::grouped, 128, 256, 64},
+    {"sm90_pingpong_64x256x64", GemmKernelKind::grouped, 64, 256, 64},
 }};
 // The instantiation behind each grouped entry of kTactics (nullptr for the GEMV).
 constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGroupedOps{
     nullptr, &detail::sm90_grouped_gemm_pingpong_64x128x64, &detail::sm90_grouped_gemm_cooperative_128x128x64,
-    &detail::sm90_grouped_gemm_cooperative_128x256x64};
+    &detail::sm90_grouped_gemm_cooperative_128x256x64, &detail::sm90_grouped_gemm_pingpong_64x256x64};
 
-// Default heuristic, first matching rule. Keys: the rows an expert is expected to get (the average over active
-// routed experts, ceil(T*K / min(E, T*K)), raised to ceil(T/4) when shared experts with T rows each are fused),
-// T, and the size of one expert's GEMM1 weights (2I x H). Fitted to the H200 sweeps and tuner runs in
-// docs/benchmarks.md: the GEMV wins for up to 4 tokens at ~1 row per expert (at T = 8-16 the pingpong GEMM is
-// 1.2-1.6x faster); 128x256 tiles for both GEMMs win from 64 rows per expert on large experts (mixtral, deepseek:
-// 1.2x over 64x128 and 128x128 tiles) and above 64 rows on all presets (1.03-1.16x); 64x128 pingpong tiles below.
+// Default heuristic, first matching rule. Keys: the rows a routed expert is expected to get (the average over
+// active routed experts, ceil(T*K / min(E, T*K))), T, and the size of one expert's GEMM1 weights (2I x H). Fitted
+// to the H200 sweeps in docs/benchmarks.md: the GEMV wins for up to 4 tokens at ~1 row per expert (at T = 8-16 the
+// pingpong GEMMs are 1.2-1.6x faster); 128x256 cooperative tiles win from 64 rows per expert on large experts
+// (mixtral, deepseek) and above 256 rows on the others (gpt-oss at 512 rows: 1.14x over 64x256); 64x256 pingpong
+// tiles below that (mixtral T = 16-64: 1.03-1.06x over 64x128; qwen3-next T = 1024-4096: 1.04-1.10x, qwen3 and
+// gpt-oss T = 4096: 1.02x over 128x256).
 struct HeuristicRule {
   int64_t min_rows, max_rows, max_tokens, min_weights;
   int gemm1, gemm2;
@@ -47,7 +49,7 @@ constexpr int64_t kLargeExpert = int64_t{24} << 20;  // 2I x H elements
 constexpr std::array<HeuristicRule, 4> kHeuristic{{
     {0, 1, 4, 0, 0, 0},
     {64, INT64_MAX, INT64_MAX, kLargeExpert, 3, 3},
-    {0, 64, INT64_MAX, 0, 1, 1},
+    {0, 256, INT64_MAX, 0, 4, 4},
     {0, INT64_MAX, INT64_MAX, 0, 3, 3},
 }};
 
@@ -217,7 +219,7 @@ int64_t CudaExperts::workspace_bytes() const {
 ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens) {
   const int64_t t = std::max<int64_t>(tokens, 1), routed = t * c.top_k;
   const int64_t active = std::min<int64_t>(c.num_experts, routed);
-  const int64_t rows = std::max((routed + active - 1) / active, c.num_shared_experts > 0 ? (t + 3) / 4 : int64_t{0});
+  const int64_t rows = (routed + active - 1) / active;
   const int64_t weights = int64_t{2} * c.intermediate * c.hidden;
   for (const HeuristicRule& r : kHeuristic)
     if (rows >= r.min_rows && rows <= r.max_rows && t <= r.max_tokens && weights >= r.min_weights)

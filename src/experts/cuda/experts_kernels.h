@@ -71,6 +71,7 @@ struct GroupedGemmOps {
 GroupedGemmOps sm90_grouped_gemm_cooperative_128x128x64();
 GroupedGemmOps sm90_grouped_gemm_pingpong_64x128x64();
 GroupedGemmOps sm90_grouped_gemm_cooperative_128x256x64();
+GroupedGemmOps sm90_grouped_gemm_pingpong_64x256x64();
 
 /// Fills both GEMMs' problem shapes, pointers and strides for every group from the plan's counts and offsets:
 /// GEMM1 group g: M = count (0 for another rank's expert), N = 2I, K = H, A = a1 + off*H, B = w13[local], D = c1 +
