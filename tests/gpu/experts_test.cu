@@ -419,7 +419,7 @@ TEST(CudaExperts, RejectsBadArguments) {
   } catch (const NotSupported& e) {
     EXPECT_EQ(std::string(e.what()),
               "moekit::experts: gemm1 tactic (9) must be one of: 0: gemv_8rows, 1: sm90_pingpong_64x128x64, "
-              "2: sm90_cooperative_128x128x64, 3: sm90_cooperative_128x256x64");
+              "2: sm90_cooperative_128x128x64, 3: sm90_cooperative_128x256x64, 4: sm90_pingpong_64x256x64");
   }
   const TensorView wrong = TensorView::contiguous(dh.data(), DType::f16, {t, h}, dev);
   try {
