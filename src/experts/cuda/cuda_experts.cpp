@@ -23,7 +23,7 @@ namespace {
 using detail::GroupedGemmOps;
 
 constexpr std::array<GemmTacticInfo, 5> kTactics{{
-    {"gemv_8rows", GemmKernelKind::gemv, 8, 16, 0},
+    {"gemv_8rows", GemmKernelKind::gemv, 8, 8, 0},
     {"sm90_pingpong_64x128x64", GemmKernelKind::grouped, 64, 128, 64},
     {"sm90_cooperative_128x128x64", GemmKernelKind::grouped, 128, 128, 64},
     {"sm90_cooperative_128x256x64", GemmKernelKind::grouped, 128, 256, 64},

@@ -6,8 +6,10 @@
 // of other ranks exit. A CTA lives only a few DRAM latencies, so its prologue is on the critical path: the first
 // k-step's weights are requested as soon as the expert is known, before the rows are looked up (GEMM2: before it
 // waits for GEMM1). kRows is picked from min(T, B), the most rows a block can hold: with one row per block the
-// kernel needs no accumulators for eight, fits three CTAs per SM and keeps more weight loads in flight (measured on
-// the H200: docs/benchmarks.md, also for 8 loads per row at two CTAs per SM, which was slower).
+// kernel needs no accumulators for eight, fits six CTAs (24 warps) per SM and keeps more weight loads in flight.
+// CTAs are small (4 warps) so that the kernels with more rows, whose registers allow 16-20 warps per SM, are not
+// held to two 8-warp CTAs, and the last wave is finer (H200, docs/benchmarks.md: 1.06-1.13x at T = 4; slower: 8
+// loads per row at two CTAs per SM, and 32 warps per SM, which spill).
 #include <cuda_runtime.h>
 
 #include <array>
@@ -17,7 +19,7 @@
 namespace moekit::detail {
 namespace {
 
-constexpr int kWarps = 8;
+constexpr int kWarps = 4;
 constexpr int kDepth = 4;  // 16-byte loads per weight row issued together: one k-step
 constexpr int kStep = 32 * 8 * kDepth;
 
@@ -43,7 +45,7 @@ __device__ __forceinline__ void dot8(float& acc, const uint4& w, const uint4& x)
 }
 
 template <int kRows>  // rows per pass over the weights
-__global__ void __launch_bounds__(kWarps * 32, kRows == 1 ? 3 : 1) expert_gemv_kernel(GemvParams p) {
+__global__ void __launch_bounds__(kWarps * 32, kRows == 1 ? 6 : 1) expert_gemv_kernel(GemvParams p) {
   // GEMM1 needs the router's plan at once: it waits, then lets GEMM2 launch. GEMM2 reads the plan (complete before
   // GEMM1 let it start) and requests its first weights before it waits for GEMM1's output.
   if (p.gated) {
