@@ -139,6 +139,16 @@ __device__ __forceinline__ void sum_earlier_rows(const uint16_t* rows, int exper
   }
 }
 
+/// Plan blocks and rows past the extent (`used` rows): no expert, and the padding slot `pad`. Grid-stride over
+/// every thread of the launch (one CTA for a tiny plan).
+__device__ __forceinline__ void clear_past_extent(const RouteParams& p, int used, int pad) {
+  const int B = p.block;
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * kThreads;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  for (int64_t b = used / B + first; b < p.capacity / B; b += threads) p.block_experts[b] = -1;
+  for (int64_t r = used + first; r < p.capacity; r += threads) p.sorted_slots[r] = pad;
+}
+
 /// One non-empty segment of a tiny plan: group, first row, rows used and padded rows.
 struct TinySegment {
   int group, offset, count, padded;
@@ -213,8 +223,7 @@ __device__ __forceinline__ void tiny_plan(const RouteParams& p, const uint32_t* 
     for (int b = s.offset / B + lane; b < (s.offset + s.padded) / B; b += 32) p.block_experts[b] = s.group;
     for (int r = s.offset + s.count + lane; r < s.offset + s.padded; r += 32) p.sorted_slots[r] = pad;
   }
-  for (int64_t b = used / B + tid; b < p.capacity / B; b += kThreads) p.block_experts[b] = -1;
-  for (int64_t r = used + tid; r < p.capacity; r += kThreads) p.sorted_slots[r] = pad;
+  clear_past_extent(p, used, pad);
   trace_point(p, 7);
 }
 
@@ -409,10 +418,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
       for (int r = begin + cnt_s[g]; r < end; ++r) p.sorted_slots[r] = pad;
     }
   }
-  const int64_t gthreads = static_cast<int64_t>(nb) * kThreads;
-  const int64_t gtid = static_cast<int64_t>(blockIdx.x) * kThreads + tid;
-  for (int64_t b = used / B + gtid; b < p.capacity / B; b += gthreads) p.block_experts[b] = -1;
-  for (int64_t r = used + gtid; r < p.capacity; r += gthreads) p.sorted_slots[r] = pad;
+  clear_past_extent(p, used, pad);
   trace_point(p, 7);
 }
 
