@@ -43,8 +43,8 @@ double median(std::vector<float> v) {
 }
 
 // cuBLAS bf16 GEMM 8192^3 on random data with fp32 accumulation, as CUDA-graph replays: TFLOP/s, the best of three
-// medians (a ceiling is the best rate the GPU reaches; single medians moved between ~730 and ~795 TFLOP/s from one
-// run to the next on the H200, and the fraction of the floor with them).
+// medians (a ceiling is the best rate the GPU reaches). The rate still moves from one process to the next with the
+// GPU's state (716-808 TFLOP/s seen on the H200, docs/benchmarks.md), and compute-bound floor fractions with it.
 double measure_gemm_rate(bench::Harness& harness) {
   const int n = 8192;
   cudaStream_t s = static_cast<cudaStream_t>(harness.stream());
