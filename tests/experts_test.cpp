@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "experts/activation_slices.h"
 #include "experts/internal.h"
+#include "experts/row_slices.h"
 #include "moekit/error.h"
 #include "moekit/presets.h"
 
@@ -564,41 +564,46 @@ TEST(ExpertsReferenceValidate, TensorsPlanAndThreads) {
 // ---------------------------------------------------------------------------------------------------------------
 // Timing of real shapes at 16 tokens (run with --gtest_also_run_disabled_tests; prints, asserts nothing on time).
 
-// The slices of the GPU activation pass: each row's I outputs covered exactly once by whole passes, no slice empty,
-// as many slices as fit the warp target, and the kernel's per-slice count equal to the launcher's.
-TEST(ActivationSlices, CoverEveryRowOnceWithoutEmptySlices) {
+// The slices of the GPU gather and activation passes: each row's n elements (H or I) covered exactly once by whole
+// passes, no slice empty, as many slices as fit the warp target (the gather's and the activation's), and the
+// kernel's per-slice count equal to the launcher's.
+TEST(RowSlices, CoverEveryRowOnceWithoutEmptySlices) {
   using namespace detail;
-  const int64_t target = 16384;
-  for (int inter = 8; inter <= 16384; inter += 8) {
-    const int passes = act_passes(inter);
-    ASSERT_GE(passes * kActPass, inter);
-    ASSERT_LT((passes - 1) * kActPass, inter);
-    for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{17}, int64_t{536}, int64_t{1144}, int64_t{4095},
-                         int64_t{16384}, int64_t{200000}}) {
-      const int64_t slices = act_slices(passes, rows, target);
-      ASSERT_GE(slices, 1);
-      ASSERT_LE(slices, passes);
-      const int per = act_passes_per_slice(passes, static_cast<int>(slices));
-      const int64_t wanted = std::min<int64_t>(passes, std::max<int64_t>(1, (target + rows - 1) / rows));
-      EXPECT_LE(slices, wanted) << inter << " " << rows;
-      if (per > 1) {  // per is the fewest passes per slice that fit in the wanted slices
-        EXPECT_GT((passes + per - 2) / (per - 1), wanted) << inter << " " << rows;
+  for (const int64_t target : {int64_t{4096}, int64_t{16384}}) {
+    for (int n = 8; n <= 16384; n += 8) {
+      const int passes = row_passes(n);
+      ASSERT_GE(passes * kRowPass, n);
+      ASSERT_LT((passes - 1) * kRowPass, n);
+      for (int64_t rows : {int64_t{1}, int64_t{3}, int64_t{17}, int64_t{536}, int64_t{1144}, int64_t{4095},
+                           int64_t{16384}, int64_t{200000}}) {
+        const int64_t slices = row_slices(passes, rows, target);
+        ASSERT_GE(slices, 1);
+        ASSERT_LE(slices, passes);
+        const int per = row_passes_per_slice(passes, static_cast<int>(slices));
+        const int64_t wanted = std::min<int64_t>(passes, std::max<int64_t>(1, (target + rows - 1) / rows));
+        EXPECT_LE(slices, wanted) << n << " " << rows << " " << target;
+        if (per > 1) {  // per is the fewest passes per slice that fit in the wanted slices
+          EXPECT_GT((passes + per - 2) / (per - 1), wanted) << n << " " << rows << " " << target;
+        }
+        // The kernel's ranges, slice by slice: [begin, end) back to back from 0 to n, none empty.
+        int covered = 0;
+        for (int64_t y = 0; y < slices; ++y) {
+          const int begin = static_cast<int>(y) * per * kRowPass;
+          const int end = std::min(n, begin + per * kRowPass);
+          ASSERT_EQ(begin, covered) << n << " " << rows << " slice " << y;
+          ASSERT_LT(begin, end) << n << " " << rows << " slice " << y;
+          covered = end;
+        }
+        ASSERT_EQ(covered, n) << n << " " << rows << " " << target;
       }
-      // The kernel's ranges, slice by slice: [begin, end) back to back from 0 to I, none empty.
-      int covered = 0;
-      for (int64_t y = 0; y < slices; ++y) {
-        const int begin = static_cast<int>(y) * per * kActPass;
-        const int end = std::min(inter, begin + per * kActPass);
-        ASSERT_EQ(begin, covered) << inter << " " << rows << " slice " << y;
-        ASSERT_LT(begin, end) << inter << " " << rows << " slice " << y;
-        covered = end;
-      }
-      ASSERT_EQ(covered, inter) << inter << " " << rows;
     }
   }
-  // Many rows: a warp per whole row; few rows: one slice per pass (mixtral's I = 14336 at T = 16).
-  EXPECT_EQ(act_slices(act_passes(14336), 40000, target), 1);
-  EXPECT_EQ(act_slices(act_passes(14336), 536, target), 28);
+  // Many rows: a warp per whole row; few rows: one slice per pass (mixtral's I = 14336 at T = 16; deepseek's H =
+  // 7168 gathered at T = 16 and at T = 4096).
+  EXPECT_EQ(row_slices(row_passes(14336), 40000, 16384), 1);
+  EXPECT_EQ(row_slices(row_passes(14336), 536, 16384), 28);
+  EXPECT_EQ(row_slices(row_passes(7168), 16, 4096), 14);
+  EXPECT_EQ(row_slices(row_passes(7168), 4096, 4096), 1);
 }
 
 TEST(ExpertsReferenceTiming, DISABLED_PresetsAt16Tokens) {

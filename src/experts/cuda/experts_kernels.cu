@@ -4,24 +4,26 @@
 // padding rows and other ranks' rows return at once, so nothing needs a host sync.
 #include <cuda_runtime.h>
 
-#include "experts/activation_slices.h"
 #include "experts/cuda/experts_device.cuh"
+#include "experts/row_slices.h"
 
 namespace moekit::detail {
 namespace {
 
-// Gather and activation: one warp per token (gather) or per row slice (activation), kWarpsPerCta of them per CTA,
-// each lane walking 16-byte chunks two at a time (both chunks' loads go out before either is used). A warp's
-// lookups are broadcast loads; a CTA per row spent most of its life in that lookup chain. The activation splits a
-// row over gridDim.y warps only when there are few rows: a whole row per warp left wide rows (I = 14336) to a few
-// warps at small T, and slices of many rows repeat the lookups (10-17% slower at T = 4096).
+// Gather and activation: one warp per slice of a token's row (gather) or of a plan row (activation), kWarpsPerCta
+// of them per CTA, each lane walking 16-byte chunks two at a time (both chunks' loads go out before either is used).
+// A warp's lookups are broadcast loads; a CTA per row spent most of its life in that lookup chain. Rows are split
+// over gridDim.y warps only when there are few of them: a whole row per warp left wide rows (H = 7168, I = 14336)
+// to a few warps at small T, and slices of many rows repeat the lookups (the activation always split: 10-17% slower
+// at T = 4096).
 constexpr int kWarpsPerCta = 8;
-constexpr int64_t kActWarps = 16384;  // the activation splits rows until about this many warps are launched
+constexpr int64_t kActWarps = 16384;    // the activation splits rows until about this many warps are launched
+constexpr int64_t kGatherWarps = 4096;  // the gather: T >= 4096 keeps a warp per token
 
-// Hidden row t is read once and written to the a1 row of each of its local slots. The passes are launched as
-// dependents of the kernel before them (launch_dependent: no launch gap) and wait before they read what it wrote.
-// The CUTLASS GEMMs between them are ordinary launches: launched as dependents they ran 2-7% slower at T = 4096
-// (H200, docs/benchmarks.md), so the passes do not let them start early either.
+// Hidden row t (this warp's slice of it) is read once and written to the a1 row of each of its local slots. The
+// passes are launched as dependents of the kernel before them (launch_dependent: no launch gap) and wait before they
+// read what it wrote. The CUTLASS GEMMs between them are ordinary launches: launched as dependents they ran 2-7%
+// slower at T = 4096 (H200, docs/benchmarks.md), so the passes do not let them start early either.
 __global__ void __launch_bounds__(kWarpsPerCta * 32) gather_tokens_kernel(GatherParams p) {
   wait_for_predecessor();
   const int lane = threadIdx.x & 31;
@@ -32,16 +34,20 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gather_tokens_kernel(Gather
   if (lane < kt && local_expert(p.map, p.plan.topk_ids[t * kt + lane]) >= 0) row = p.plan.slot_rows[t * kt + lane];
   const uint32_t local = __ballot_sync(0xffffffffu, row >= 0);
   const int vecs = p.hidden_size / 8;
+  constexpr int kPassVecs = kRowPass / 8;
+  const int per_slice = row_passes_per_slice(row_passes(p.hidden_size), static_cast<int>(gridDim.y));
+  const int begin = static_cast<int>(blockIdx.y) * per_slice * kPassVecs;
+  const int end = min(vecs, begin + per_slice * kPassVecs);
   const uint4* src = static_cast<const uint4*>(p.hidden) + t * vecs;
   uint4* a1 = static_cast<uint4*>(p.a1);
-  for (int base = 0; base < vecs; base += 64) {  // warp-uniform trip count: every lane takes part in the shuffles
+  for (int base = begin; base < end; base += kPassVecs) {  // warp-uniform trip count: every lane shuffles
     const int v0 = base + lane, v1 = v0 + 32;
-    const uint4 x0 = v0 < vecs ? src[v0] : uint4{};
-    const uint4 x1 = v1 < vecs ? src[v1] : uint4{};
+    const uint4 x0 = v0 < end ? src[v0] : uint4{};
+    const uint4 x1 = v1 < end ? src[v1] : uint4{};
     for (uint32_t m = local; m != 0; m &= m - 1) {
       const int64_t r = __shfl_sync(0xffffffffu, row, __ffs(m) - 1);
-      if (v0 < vecs) a1[r * vecs + v0] = x0;
-      if (v1 < vecs) a1[r * vecs + v1] = x1;
+      if (v0 < end) a1[r * vecs + v0] = x0;
+      if (v1 < end) a1[r * vecs + v1] = x1;
     }
   }
 }
@@ -94,10 +100,10 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) activation_rows_kernel(Acti
   const __nv_bfloat16* c1 = static_cast<const __nv_bfloat16*>(p.c1) + row * 2 * inter;
   __nv_bfloat16* act = static_cast<__nv_bfloat16*>(p.act) + row * inter;
   const int64_t bias_base = static_cast<int64_t>(expert) * 2 * inter;
-  const int per_slice = act_passes_per_slice(act_passes(inter), static_cast<int>(gridDim.y));
-  const int begin = static_cast<int>(blockIdx.y) * per_slice * kActPass;
-  const int end = min(inter, begin + per_slice * kActPass);
-  for (int i0 = begin + lane * 8; i0 < end; i0 += kActPass) {
+  const int per_slice = row_passes_per_slice(row_passes(inter), static_cast<int>(gridDim.y));
+  const int begin = static_cast<int>(blockIdx.y) * per_slice * kRowPass;
+  const int end = min(inter, begin + per_slice * kRowPass);
+  for (int i0 = begin + lane * 8; i0 < end; i0 += kRowPass) {
     const int i1 = i0 + 32 * 8;
     GateUp8 x0, x1;
     x0.load(c1, p.layout, i0, inter);
@@ -158,13 +164,15 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
 
 void launch_gather(const GatherParams& p, Stream stream) {
   if (p.plan.tokens == 0) return;
-  const auto ctas = static_cast<unsigned>((p.plan.tokens + kWarpsPerCta - 1) / kWarpsPerCta);
-  launch_dependent(gather_tokens_kernel, dim3(ctas), dim3(kWarpsPerCta * 32), stream, p, "gather_tokens_kernel");
+  const int64_t slices = row_slices(row_passes(p.hidden_size), p.plan.tokens, kGatherWarps);
+  const dim3 grid(static_cast<unsigned>((p.plan.tokens + kWarpsPerCta - 1) / kWarpsPerCta),
+                  static_cast<unsigned>(slices));
+  launch_dependent(gather_tokens_kernel, grid, dim3(kWarpsPerCta * 32), stream, p, "gather_tokens_kernel");
 }
 
 void launch_activation(const ActivationKernelParams& p, Stream stream) {
   if (p.plan.capacity == 0) return;
-  const int64_t slices = act_slices(act_passes(p.intermediate), p.plan.capacity, kActWarps);
+  const int64_t slices = row_slices(row_passes(p.intermediate), p.plan.capacity, kActWarps);
   const dim3 grid(static_cast<unsigned>((p.plan.capacity + kWarpsPerCta - 1) / kWarpsPerCta),
                   static_cast<unsigned>(slices));
   launch_dependent(activation_rows_kernel, grid, dim3(kWarpsPerCta * 32), stream, p, "activation_rows_kernel");
