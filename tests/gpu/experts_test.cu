@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <random>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -465,6 +466,47 @@ TEST(CudaExperts, DefaultTacticIsDeterministicAndValid) {
   // Decode sizes (<= 8 rows per expert) take the GEMV, large batches a grouped GEMM.
   EXPECT_EQ(cuda_expert_gemm_tactics()[layer.default_tactic(1).gemm1].kind, GemmKernelKind::gemv);
   EXPECT_EQ(cuda_expert_gemm_tactics()[layer.default_tactic(4096).gemm1].kind, GemmKernelKind::grouped);
+}
+
+// The default heuristic's picks on the real presets: the rules of cuda_experts.cpp as fitted to the H200 sweeps in
+// docs/benchmarks.md (host code only: runs without a GPU).
+TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
+  const char* const gemv = "gemv_8rows";
+  const char* const small = "sm90_pingpong_64x256x64";
+  const char* const large = "sm90_cooperative_128x256x64";
+  struct Pick {
+    const char* preset;
+    int64_t tokens;
+    const char* tactic;  // both GEMMs
+  };
+  const Pick picks[] = {
+      // Decode: up to 4 tokens at ~1 routed row per expert.
+      {"mixtral-8x7b", 1, gemv},
+      {"qwen3-30b-a3b", 4, gemv},
+      {"deepseek-v3", 4, gemv},
+      {"qwen3-next-80b", 1, gemv},
+      {"gpt-oss-120b", 5, small},  // 5 tokens: past the GEMV's token bound
+      // Large experts (mixtral, deepseek): 64x256 below 64 routed rows per expert, 128x256 from 64.
+      {"mixtral-8x7b", 16, small},
+      {"mixtral-8x7b", 256, large},  // 64 rows
+      {"deepseek-v3", 1024, small},  // 32 rows (the shared expert's 1024 do not count)
+      {"deepseek-v3", 4096, large},  // 128 rows
+      // The others: 64x256 up to 256 routed rows per expert, 128x256 above.
+      {"qwen3-30b-a3b", 4096, small},    // 256 rows
+      {"qwen3-30b-a3b", 16384, large},   // 1024 rows
+      {"qwen3-next-80b", 4096, small},   // 80 rows
+      {"qwen3-next-80b", 16384, large},  // 320 rows
+      {"gpt-oss-120b", 4096, small},     // 128 rows
+      {"gpt-oss-120b", 16384, large},    // 512 rows
+  };
+  const std::span<const GemmTacticInfo> tactics = cuda_expert_gemm_tactics();
+  for (const Pick& p : picks) {
+    const ExpertTactic t = cuda_expert_default_tactic(find_preset(p.preset).experts, p.tokens);
+    ASSERT_TRUE(t.gemm1 >= 0 && t.gemm1 < static_cast<int>(tactics.size())) << p.preset << " T=" << p.tokens;
+    ASSERT_TRUE(t.gemm2 >= 0 && t.gemm2 < static_cast<int>(tactics.size())) << p.preset << " T=" << p.tokens;
+    EXPECT_EQ(tactics[t.gemm1].name, p.tactic) << p.preset << " T=" << p.tokens;
+    EXPECT_EQ(tactics[t.gemm2].name, p.tactic) << p.preset << " T=" << p.tokens;
+  }
 }
 
 }  // namespace
