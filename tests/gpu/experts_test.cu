@@ -463,7 +463,7 @@ TEST(CudaExperts, DefaultTacticIsDeterministicAndValid) {
     EXPECT_EQ(a, b);
     EXPECT_TRUE(a.gemm1 >= 0 && a.gemm1 < n && a.gemm2 >= 0 && a.gemm2 < n) << t;
   }
-  // Decode sizes (<= 8 rows per expert) take the GEMV, large batches a grouped GEMM.
+  // Decode sizes (<= 4 tokens at ~1 row per expert) take the GEMV, large batches a grouped GEMM.
   EXPECT_EQ(cuda_expert_gemm_tactics()[layer.default_tactic(1).gemm1].kind, GemmKernelKind::gemv);
   EXPECT_EQ(cuda_expert_gemm_tactics()[layer.default_tactic(4096).gemm1].kind, GemmKernelKind::grouped);
 }
