@@ -1,0 +1,77 @@
+"""Summarizes scripts/ab-moe.sh runs: OUT_DIR/{A,B}_PRESET_rROUND.json (bench moe --json) -> markdown tables.
+
+For each preset and T: the median over rounds of the experts graph time of A and of B, their ratio (B / A, below 1
+when B is faster) and the range over rounds; then each kernel position's cold median (median over rounds) for A and
+B. Usage: python3 scripts/ab_moe_table.py OUT_DIR
+"""
+import json
+import re
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+NAME = re.compile(r"^(A|B)_(.+)_r(\d+)\.json$")
+
+
+def load(out_dir):
+    """runs[preset][tokens][side] -> list of rows (one per round)."""
+    runs = defaultdict(lambda: defaultdict(lambda: {"A": [], "B": []}))
+    for path in sorted(Path(out_dir).glob("*.json")):
+        m = NAME.match(path.name)
+        if not m:
+            continue
+        side, preset = m.group(1), m.group(2)
+        for row in json.loads(path.read_text())["rows"]:
+            runs[preset][row["tokens"]][side].append(row)
+    return runs
+
+
+def fmt_range(values):
+    return f"{min(values):.1f}-{max(values):.1f}" if len(values) > 1 else f"{values[0]:.1f}"
+
+
+def main(argv):
+    if len(argv) != 2:
+        print(__doc__.strip())
+        return 2
+    runs = load(argv[1])
+    if not runs:
+        print(f"no A_*/B_* JSON files in {argv[1]}")
+        return 1
+    print("| preset | T | A tactics | B tactics | A graph us | B graph us | B / A | A range | B range |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for preset in sorted(runs):
+        for tokens in sorted(runs[preset]):
+            a, b = runs[preset][tokens]["A"], runs[preset][tokens]["B"]
+            if not a or not b:
+                print(f"| {preset} | {tokens} | missing {'A' if not a else 'B'} |||||||")
+                continue
+            ga = [r["experts_graph_us"] for r in a]
+            gb = [r["experts_graph_us"] for r in b]
+            ma, mb = statistics.median(ga), statistics.median(gb)
+            ta = f"{a[0]['gemm1']} / {a[0]['gemm2']}"
+            tb = f"{b[0]['gemm1']} / {b[0]['gemm2']}"
+            print(f"| {preset} | {tokens} | {ta} | {tb} | {ma:.1f} | {mb:.1f} | {mb / ma:.3f} | {fmt_range(ga)} | "
+                  f"{fmt_range(gb)} |")
+    print()
+    print("| preset | T | # | kernel | A cold us | B cold us |")
+    print("|---|---|---|---|---|---|")
+    for preset in sorted(runs):
+        for tokens in sorted(runs[preset]):
+            a, b = runs[preset][tokens]["A"], runs[preset][tokens]["B"]
+            if not a or not b:
+                continue
+            ka = [r.get("experts_kernels", []) for r in a]
+            kb = [r.get("experts_kernels", []) for r in b]
+            for i in range(max(len(ka[0]), len(kb[0]))):
+                def med(rounds):
+                    vals = [k[i]["median_us"] for k in rounds if i < len(k)]
+                    return f"{statistics.median(vals):.1f}" if vals else "-"
+                name = (ka[0][i] if i < len(ka[0]) else kb[0][i])["name"]
+                print(f"| {preset} | {tokens} | {i} | {name} | {med(ka)} | {med(kb)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
