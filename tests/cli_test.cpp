@@ -100,6 +100,30 @@ TEST(Cli, BenchMoeTakesKernels) {
   EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
 }
 
+// --bias-scale: a non-negative number, for the plain benchmark only (not --tuned); without a GPU an accepted value
+// gets as far as asking for one.
+TEST(Cli, BenchMoeBiasScale) {
+  CliRun ok = run_cli("bench moe --preset deepseek-v3 --tokens 1 --samples 1 --verify-tokens 1 --bias-scale 0");
+  EXPECT_EQ(ok.output.find("was not expected"), std::string::npos) << ok.output;
+  if (ok.status != 0) {
+    EXPECT_NE(ok.output.find("a CUDA device (none found) is needed"), std::string::npos) << ok.output;
+  } else {
+    EXPECT_NE(ok.output.find("selection bias uniform in [-0, 0)"), std::string::npos) << ok.output;
+  }
+  for (const char* bad : {"-0.5", "nan", "inf"}) {  // rejected before any device setup
+    CliRun r = run_cli(std::string("bench moe --preset deepseek-v3 --tokens 1 --bias-scale ") + bad);
+    EXPECT_NE(r.status, 0) << bad;
+    EXPECT_NE(r.output.find(std::string("--bias-scale (") + bad + ") must be finite and >= 0"), std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("a CUDA device"), std::string::npos) << r.output;
+  }
+  CliRun both = run_cli("bench moe --preset deepseek-v3 --tuned --bias-scale 0");
+  EXPECT_NE(both.status, 0);
+  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
+  CliRun help = run_cli("bench moe --help");
+  EXPECT_NE(help.output.find("--bias-scale"), std::string::npos) << help.output;
+}
+
 TEST(Cli, HelpEverywhere) {
   for (const char* sub : {"", "demo", "route", "bench", "tune"}) {
     CliRun r = run_cli(std::string(sub) + " --help");

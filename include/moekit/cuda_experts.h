@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -103,6 +104,10 @@ struct MoeBenchOptions {
   int64_t verify_tokens = 64;   // each tactic pair is verified at min(T, verify_tokens) tokens before timing
   uint64_t seed = 1;            // weights, hidden states and logits are hash-generated from it
   ExpertTactic tactic{};        // -1 fields: the layer's default heuristic
+  // Presets with a selection bias (deepseek-v3, kimi-k2): the bias is uniform in [-bias_scale, bias_scale), the
+  // logits in [-2, 2). 0 routes about evenly; 0.5, the default and the scale of every number so far in
+  // docs/benchmarks.md, outweighs the sigmoid keys (deepseek-v3: 45-89 of 256 experts get rows). Finite, >= 0.
+  float bias_scale = 0.5f;
 };
 
 /// Ceilings measured in the same run: device copy bandwidth (bytes read + written, from the harness), cuBLAS bf16
@@ -126,6 +131,7 @@ struct MoeBenchRow {
 
 struct MoeBenchReport {
   std::string preset, device, timing_source;
+  std::optional<float> bias_scale;  // MoeBenchOptions::bias_scale for presets with a selection bias, else none
   MoeBenchCeilings ceilings;
   std::vector<MoeBenchRow> rows;
 };
@@ -134,7 +140,7 @@ struct MoeBenchReport {
 /// verifies every tactic pair it will time against experts_reference (relative Frobenius error <= 1e-2, else
 /// Internal), then times experts-only and route + experts: cold-L2 kernel time (harness.kernel_time) and
 /// CUDA-graph replay (harness.graph_time). Allocates freely (it is a benchmark). Throws InvalidArgument (unknown
-/// preset, bad token list or samples), NotSupported (no CUDA build or no sm90 GPU), CudaError, Internal.
+/// preset, bad token list, samples or bias scale), NotSupported (no CUDA build or no sm90 GPU), CudaError, Internal.
 MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& options);
 
 }  // namespace moekit

@@ -92,6 +92,8 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
   for (int64_t t : o.tokens)
     if (t < 1) throw InvalidArgument("bench", fmt::format("tokens ({}) must be >= 1", t));
   if (o.samples < 1) throw InvalidArgument("bench", fmt::format("samples ({}) must be >= 1", o.samples));
+  if (!std::isfinite(o.bias_scale) || o.bias_scale < 0.0f)
+    throw InvalidArgument("bench", fmt::format("bias_scale ({}) must be finite and >= 0", o.bias_scale));
   int device = 0;
   ck(cudaGetDevice(&device), "cudaGetDevice");
   if (!device_is_sm90(device))
@@ -110,7 +112,7 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
   bench_detail::fill_uniform(w2.data(), ew * h * in, true, 1.0f / std::sqrt(float(in)), o.seed * 8 + 2, s);
   bench_detail::fill_uniform(hidden.data(), max_t * h, true, 1.0f, o.seed * 8 + 3, s);
   bench_detail::fill_uniform(logits.data(), max_t * e, false, 2.0f, o.seed * 8 + 4, s);
-  bench_detail::fill_uniform(bias.data(), e, false, 0.5f, o.seed * 8 + 5, s);
+  bench_detail::fill_uniform(bias.data(), e, false, o.bias_scale, o.seed * 8 + 5, s);
   bench_detail::fill_uniform(b13.data(), ew * 2 * in, false, 0.5f, o.seed * 8 + 6, s);
   bench_detail::fill_uniform(b2.data(), ew * h, false, 0.5f, o.seed * 8 + 7, s);
   ck(cudaStreamSynchronize(s), "cudaStreamSynchronize");
@@ -132,6 +134,7 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
 
   MoeBenchReport report;
   report.preset = preset.name;
+  if (preset.has_bias) report.bias_scale = o.bias_scale;
   const bench::Ceilings hc = harness.measure_ceilings();
   report.device = hc.device;
   report.ceilings.copy_tb_per_s = hc.copy_bytes_per_s / 1e12;
