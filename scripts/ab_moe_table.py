@@ -31,6 +31,19 @@ def fmt_range(values):
     return f"{min(values):.1f}-{max(values):.1f}" if len(values) > 1 else f"{values[0]:.1f}"
 
 
+def cells(runs):
+    """(preset, tokens, A rows, B rows) in preset and T order."""
+    for preset in sorted(runs):
+        for tokens in sorted(runs[preset]):
+            yield preset, tokens, runs[preset][tokens]["A"], runs[preset][tokens]["B"]
+
+
+def median_kernel(rounds, i):
+    """Median over rounds of kernel position i's cold median, or "-" where no round has it."""
+    vals = [k[i]["median_us"] for k in rounds if i < len(k)]
+    return f"{statistics.median(vals):.1f}" if vals else "-"
+
+
 def main(argv):
     if len(argv) != 2:
         print(__doc__.strip())
@@ -41,35 +54,28 @@ def main(argv):
         return 1
     print("| preset | T | A tactics | B tactics | A graph us | B graph us | B / A | A range | B range |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for preset in sorted(runs):
-        for tokens in sorted(runs[preset]):
-            a, b = runs[preset][tokens]["A"], runs[preset][tokens]["B"]
-            if not a or not b:
-                print(f"| {preset} | {tokens} | missing {'A' if not a else 'B'} |||||||")
-                continue
-            ga = [r["experts_graph_us"] for r in a]
-            gb = [r["experts_graph_us"] for r in b]
-            ma, mb = statistics.median(ga), statistics.median(gb)
-            ta = f"{a[0]['gemm1']} / {a[0]['gemm2']}"
-            tb = f"{b[0]['gemm1']} / {b[0]['gemm2']}"
-            print(f"| {preset} | {tokens} | {ta} | {tb} | {ma:.1f} | {mb:.1f} | {mb / ma:.3f} | {fmt_range(ga)} | "
-                  f"{fmt_range(gb)} |")
+    for preset, tokens, a, b in cells(runs):
+        if not a or not b:
+            print(f"| {preset} | {tokens} | missing {'A' if not a else 'B'} |||||||")
+            continue
+        ga = [r["experts_graph_us"] for r in a]
+        gb = [r["experts_graph_us"] for r in b]
+        ma, mb = statistics.median(ga), statistics.median(gb)
+        ta = f"{a[0]['gemm1']} / {a[0]['gemm2']}"
+        tb = f"{b[0]['gemm1']} / {b[0]['gemm2']}"
+        print(f"| {preset} | {tokens} | {ta} | {tb} | {ma:.1f} | {mb:.1f} | {mb / ma:.3f} | {fmt_range(ga)} | "
+              f"{fmt_range(gb)} |")
     print()
     print("| preset | T | # | kernel | A cold us | B cold us |")
     print("|---|---|---|---|---|---|")
-    for preset in sorted(runs):
-        for tokens in sorted(runs[preset]):
-            a, b = runs[preset][tokens]["A"], runs[preset][tokens]["B"]
-            if not a or not b:
-                continue
-            ka = [r.get("experts_kernels", []) for r in a]
-            kb = [r.get("experts_kernels", []) for r in b]
-            for i in range(max(len(ka[0]), len(kb[0]))):
-                def med(rounds):
-                    vals = [k[i]["median_us"] for k in rounds if i < len(k)]
-                    return f"{statistics.median(vals):.1f}" if vals else "-"
-                name = (ka[0][i] if i < len(ka[0]) else kb[0][i])["name"]
-                print(f"| {preset} | {tokens} | {i} | {name} | {med(ka)} | {med(kb)} |")
+    for preset, tokens, a, b in cells(runs):
+        if not a or not b:
+            continue
+        ka = [r.get("experts_kernels", []) for r in a]
+        kb = [r.get("experts_kernels", []) for r in b]
+        for i in range(max(len(ka[0]), len(kb[0]))):
+            name = (ka[0][i] if i < len(ka[0]) else kb[0][i])["name"]
+            print(f"| {preset} | {tokens} | {i} | {name} | {median_kernel(ka, i)} | {median_kernel(kb, i)} |")
     return 0
 
 

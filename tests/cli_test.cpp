@@ -84,15 +84,22 @@ TEST(Cli, BenchRouteTakesCommaLists) {
   }
 }
 
-// --kernels is accepted (an unknown flag exits with 2 and "was not expected"); with a GPU the breakdown is printed.
-TEST(Cli, BenchMoeTakesKernels) {
-  CliRun r = run_cli("bench moe --preset qwen3-30b-a3b --tokens 1 --samples 1 --verify-tokens 1 --kernels");
+// `args` are accepted (an unknown flag exits with 2 and "was not expected"): with a GPU the output holds
+// `on_gpu`, without one the command says it needs one.
+void expect_accepted(const std::string& args, const std::string& on_gpu) {
+  CliRun r = run_cli(args);
   EXPECT_EQ(r.output.find("was not expected"), std::string::npos) << r.output;
   if (r.status != 0) {
     EXPECT_NE(r.output.find("a CUDA device (none found) is needed"), std::string::npos) << r.output;
   } else {
-    EXPECT_NE(r.output.find("kernels of one experts call, T = 1"), std::string::npos) << r.output;
+    EXPECT_NE(r.output.find(on_gpu), std::string::npos) << r.output;
   }
+}
+
+// --kernels is accepted; with a GPU the breakdown is printed.
+TEST(Cli, BenchMoeTakesKernels) {
+  expect_accepted("bench moe --preset qwen3-30b-a3b --tokens 1 --samples 1 --verify-tokens 1 --kernels",
+                  "kernels of one experts call, T = 1");
   CliRun help = run_cli("bench moe --help");
   EXPECT_NE(help.output.find("--kernels"), std::string::npos) << help.output;
   CliRun both = run_cli("bench moe --preset qwen3-30b-a3b --tuned --kernels");  // --tuned has no kernel table
@@ -103,13 +110,8 @@ TEST(Cli, BenchMoeTakesKernels) {
 // --bias-scale: a non-negative number, for the plain benchmark only (not --tuned); without a GPU an accepted value
 // gets as far as asking for one.
 TEST(Cli, BenchMoeBiasScale) {
-  CliRun ok = run_cli("bench moe --preset deepseek-v3 --tokens 1 --samples 1 --verify-tokens 1 --bias-scale 0");
-  EXPECT_EQ(ok.output.find("was not expected"), std::string::npos) << ok.output;
-  if (ok.status != 0) {
-    EXPECT_NE(ok.output.find("a CUDA device (none found) is needed"), std::string::npos) << ok.output;
-  } else {
-    EXPECT_NE(ok.output.find("selection bias uniform in [-0, 0)"), std::string::npos) << ok.output;
-  }
+  expect_accepted("bench moe --preset deepseek-v3 --tokens 1 --samples 1 --verify-tokens 1 --bias-scale 0",
+                  "selection bias uniform in [-0, 0)");
   for (const char* bad : {"-0.5", "nan", "inf"}) {  // rejected before any device setup
     CliRun r = run_cli(std::string("bench moe --preset deepseek-v3 --tokens 1 --bias-scale ") + bad);
     EXPECT_NE(r.status, 0) << bad;
