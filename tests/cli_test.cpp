@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 namespace {
 
@@ -115,7 +116,7 @@ TEST(Cli, BenchMoeBiasScale) {
   for (const char* bad : {"-0.5", "nan", "inf"}) {  // rejected before any device setup
     CliRun r = run_cli(std::string("bench moe --preset deepseek-v3 --tokens 1 --bias-scale ") + bad);
     EXPECT_NE(r.status, 0) << bad;
-    EXPECT_NE(r.output.find(std::string("--bias-scale (") + bad + ") must be finite and >= 0"), std::string::npos)
+    EXPECT_NE(r.output.find(std::string("bias_scale (") + bad + ") must be finite and >= 0"), std::string::npos)
         << r.output;
     EXPECT_EQ(r.output.find("a CUDA device"), std::string::npos) << r.output;
   }
@@ -124,6 +125,17 @@ TEST(Cli, BenchMoeBiasScale) {
   EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
   CliRun help = run_cli("bench moe --help");
   EXPECT_NE(help.output.find("--bias-scale"), std::string::npos) << help.output;
+}
+
+// Bad token counts and sample counts are reported as such, before any device setup (without a GPU as with one).
+TEST(Cli, BenchMoeRejectsBadArgumentsFirst) {
+  for (const auto& [args, message] : {std::pair<const char*, const char*>{"--tokens 0", "tokens (0) must be >= 1"},
+                                      {"--tokens 4 --samples 0", "samples (0) must be >= 1"}}) {
+    CliRun r = run_cli(std::string("bench moe --preset qwen3-30b-a3b ") + args);
+    EXPECT_NE(r.status, 0) << args;
+    EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("a CUDA device"), std::string::npos) << r.output;
+  }
 }
 
 TEST(Cli, HelpEverywhere) {

@@ -136,6 +136,11 @@ struct MoeBenchReport {
   std::vector<MoeBenchRow> rows;
 };
 
+/// Checks `options` without touching a device: a known preset, a non-empty token list of T >= 1, samples >= 1, a
+/// finite bias_scale >= 0. Throws InvalidArgument naming the bad field. bench_moe() calls it first; a caller can
+/// call it before setting up a device, so a bad argument is reported as such.
+void check_moe_bench_options(const MoeBenchOptions& options);
+
 /// Builds the preset's layer with random weights on the harness's device, routes random logits with the GPU router,
 /// verifies every tactic pair it will time against experts_reference (relative Frobenius error <= 1e-2, else
 /// Internal), then times experts-only and route + experts: cold-L2 kernel time (harness.kernel_time) and

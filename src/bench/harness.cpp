@@ -265,13 +265,11 @@ Stats Harness::kernel_time(const LaunchFn& fn, int variants, const TimingOptions
   // A sample's kernel time is the length of the union of its kernels' intervals: the sum when they run one after
   // another, and no double counting when a programmatically dependent launch overlaps its predecessor.
   std::vector<double> us;
-  std::vector<int> kernels;
-  std::vector<std::vector<KernelSpan>> spans;
+  std::vector<std::vector<KernelSpan>> spans;  // per sample: its kernels
   uint64_t covered_to = 0;
   for (const Interval& it : items) {
     if (!it.kernel) {
       us.push_back(0);
-      kernels.push_back(0);
       spans.emplace_back();
       covered_to = 0;
     } else if (!us.empty()) {
@@ -279,13 +277,12 @@ Stats Harness::kernel_time(const LaunchFn& fn, int variants, const TimingOptions
       const uint64_t from = std::max(it.start, covered_to);
       if (it.end > from) us.back() += static_cast<double>(it.end - from) / 1000.0;
       covered_to = std::max(covered_to, it.end);
-      kernels.back() += 1;
     }
   }
   const int with_kernels =
-      static_cast<int>(std::count_if(kernels.begin(), kernels.end(), [](int k) { return k > 0; }));
-  impl_->kernels_per_call = kernels.empty() ? 0 : *std::max_element(kernels.begin(), kernels.end());
+      static_cast<int>(std::count_if(spans.begin(), spans.end(), [](const auto& k) { return !k.empty(); }));
   impl_->breakdown = bench::kernel_breakdown(spans);
+  impl_->kernels_per_call = static_cast<int>(impl_->breakdown.size());  // the most kernels seen in a sample
   if (impl_->cupti) impl_->source = "cupti";
   if (static_cast<int>(us.size()) != opt.samples || with_kernels != opt.samples) {
     // No usable CUPTI records: fall back to events around each call.

@@ -87,13 +87,8 @@ std::vector<uint16_t> to_host_bf16(const void* p, int64_t n) {
 }  // namespace
 
 MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
+  check_moe_bench_options(o);
   const Preset& preset = find_preset(o.preset);
-  if (o.tokens.empty()) throw InvalidArgument("bench", "tokens (empty) must list at least one token count");
-  for (int64_t t : o.tokens)
-    if (t < 1) throw InvalidArgument("bench", fmt::format("tokens ({}) must be >= 1", t));
-  if (o.samples < 1) throw InvalidArgument("bench", fmt::format("samples ({}) must be >= 1", o.samples));
-  if (!std::isfinite(o.bias_scale) || o.bias_scale < 0.0f)
-    throw InvalidArgument("bench", fmt::format("bias_scale ({}) must be finite and >= 0", o.bias_scale));
   int device = 0;
   ck(cudaGetDevice(&device), "cudaGetDevice");
   if (!device_is_sm90(device))
@@ -235,9 +230,20 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
 }
 
 #else
-MoeBenchReport bench_moe(bench::Harness&, const MoeBenchOptions&) {
+MoeBenchReport bench_moe(bench::Harness&, const MoeBenchOptions& o) {
+  check_moe_bench_options(o);
   throw NotSupported("bench", "moe benchmark (cuda) is not available: moekit was built without CUDA");
 }
 #endif
+
+void check_moe_bench_options(const MoeBenchOptions& o) {
+  find_preset(o.preset);
+  if (o.tokens.empty()) throw InvalidArgument("bench", "tokens (empty) must list at least one token count");
+  for (int64_t t : o.tokens)
+    if (t < 1) throw InvalidArgument("bench", fmt::format("tokens ({}) must be >= 1", t));
+  if (o.samples < 1) throw InvalidArgument("bench", fmt::format("samples ({}) must be >= 1", o.samples));
+  if (!std::isfinite(o.bias_scale) || o.bias_scale < 0.0f)
+    throw InvalidArgument("bench", fmt::format("bias_scale ({}) must be finite and >= 0", o.bias_scale));
+}
 
 }  // namespace moekit

@@ -325,9 +325,7 @@ void add_bench_moe_command(CLI::App& bench) {
     o.seed = opts->seed;
     o.tactic = {opts->gemm1, opts->gemm2};
     o.bias_scale = opts->bias_scale;
-    find_preset(o.preset);  // a bad name or bias scale is reported before any device setup
-    if (!std::isfinite(o.bias_scale) || o.bias_scale < 0.0f)
-      throw InvalidArgument("bench", fmt::format("--bias-scale ({}) must be finite and >= 0", o.bias_scale));
+    check_moe_bench_options(o);  // bad arguments are reported before any device setup
     bench::Harness harness;
     const MoeBenchReport report = bench_moe(harness, o);
     print_table(report);
