@@ -1,10 +1,10 @@
 // CudaExperts (bf16 grouped GEMMs and the decode GEMV) against experts_reference, the fp32 CPU oracle: relative
 // Frobenius error <= 1e-2 on fresh random inputs (the seed is printed; MOEKIT_TEST_SEED replays one). Cases:
 // reduced-size versions of every preset at T in {1, 7, 64, 1000}, every tactic pair, every activation x gate/up
-// layout with fp32 and bf16 biases, shared experts, empty experts, one hot expert, expert parallelism, CUDA-graph
-// capture then replay with new data, bitwise repeatability of every case, and the argument checks. Plans are built
-// on the CPU (build_plan_reference) and copied to the device, so these tests do not depend on the GPU router.
-// Skips without an sm90 GPU.
+// layout with fp32 and bf16 biases, short weight rows on the decode path, shared experts, empty experts, one hot
+// expert, expert parallelism, CUDA-graph capture then replay with new data, bitwise repeatability of every case, and
+// the argument checks. Plans are built on the CPU (build_plan_reference) and copied to the device, so these tests do
+// not depend on the GPU router. Skips without an sm90 GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
@@ -298,6 +298,27 @@ TEST(CudaExperts, ActivationsLayoutsBiases) {
           check_case(c, salt++);
         }
       }
+    }
+  }
+}
+
+// Weight rows of at most 512 elements in both GEMMs (H = 264, I = 136): the decode GEMV gives each warp two column
+// pairs; every layout, with biases, at 1 to 8 rows per block (each rows-per-pass kernel) and on more rows than that.
+TEST(CudaExperts, DecodeShortRows) {
+  MOEKIT_REQUIRE_SM90();
+  uint32_t salt = 350;
+  for (GateUpLayout l : {GateUpLayout::gate_first, GateUpLayout::up_first, GateUpLayout::interleaved}) {
+    for (int64_t t : {1, 2, 3, 8, 40}) {
+      Case c;
+      c.cfg = reduced(find_preset("qwen3-30b-a3b").experts);
+      c.cfg.hidden = 264;
+      c.cfg.intermediate = 136;
+      c.cfg.num_shared_experts = 1;
+      c.cfg.gate_up = l;
+      c.tokens = t;
+      c.b13 = c.b2 = true;
+      c.tactic = {0, 0};
+      check_case(c, salt++);
     }
   }
 }

@@ -1,15 +1,15 @@
 // Decode path: expert GEMMs for a few rows per expert, memory-bound on the weights. One CTA per (plan block,
-// slice of output columns); each warp owns two weight rows (GEMM1: gate(i) and up(i), so bias + activation fuse
-// into its epilogue; GEMM2: two output columns) and streams them with 16-byte non-coherent loads while the block's
-// rows (up to kRows per pass) are read from L1/L2. A plan block belongs to one expert (segments are padded to B),
-// so the block's entry of block_experts gives the expert (-1 past the extent) and its rows; blocks of padding and
-// of other ranks exit. A CTA lives only a few DRAM latencies, so its prologue is on the critical path: the first
-// k-step's weights are requested as soon as the expert is known, before the rows are looked up (GEMM2: before it
-// waits for GEMM1). kRows is picked from min(T, B), the most rows a block can hold: with one row per block the
-// kernel needs no accumulators for eight, fits six CTAs (24 warps) per SM and keeps more weight loads in flight.
-// CTAs are small (4 warps) so that the kernels with more rows, whose registers allow 16-20 warps per SM, are not
-// held to two 8-warp CTAs, and the last wave is finer (H200, docs/benchmarks.md: 1.06-1.13x at T = 4; slower: 8
-// loads per row at two CTAs per SM, and 32 warps per SM, which spill).
+// slice of output columns); each warp owns one or two column pairs of two weight rows each (GEMM1: gate(i) and
+// up(i), so bias + activation fuse into its epilogue; GEMM2: two output columns) and streams them with 16-byte
+// non-coherent loads while the block's rows (up to kRows per pass) are read from L1/L2. A plan block belongs to one
+// expert (segments are padded to B), so the block's entry of block_experts gives the expert (-1 past the extent) and
+// its rows; blocks of padding and of other ranks exit. A CTA lives only a few DRAM latencies, so its prologue is on
+// the critical path: the first k-step's weights are requested as soon as the expert is known, before the rows are
+// looked up (GEMM2: before it waits for GEMM1). kRows is picked from min(T, B), the most rows a block can hold: with
+// one row per block the kernel needs no accumulators for eight, fits six CTAs (24 warps) per SM and keeps more weight
+// loads in flight. CTAs are small (4 warps) so that the kernels with more rows, whose registers allow 16-20 warps per
+// SM, are not held to two 8-warp CTAs, and the last wave is finer (H200, docs/benchmarks.md: 1.06-1.13x at T = 4;
+// slower: 8 loads per row at two CTAs per SM, and 32 warps per SM, which spill).
 #include <cuda_runtime.h>
 
 #include <array>
@@ -21,7 +21,6 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kDepth = 4;  // 16-byte loads per weight row issued together: one k-step
-constexpr int kStep = 32 * 8 * kDepth;
 
 // Weights are read once: non-coherent, and not kept in L1 (the x rows are what L1 should hold).
 __device__ __forceinline__ uint4 load_stream(const void* p) {
@@ -44,8 +43,14 @@ __device__ __forceinline__ void dot8(float& acc, const uint4& w, const uint4& x)
   }
 }
 
-template <int kRows>  // rows per pass over the weights
+// kPairs column pairs per warp, each row's k-step kDepth / kPairs loads long: short rows (k <= 512, where one pair
+// would leave half of the warp's load slots empty) take two pairs, so a warp keeps the same bytes in flight and the
+// grid needs half the CTAs (H200: qwen3-next's GEMM2 1.03-1.05x at T = 1-4; two pairs of three slots for k = 768,
+// qwen3's GEMM2, were slower).
+template <int kRows, int kPairs>  // rows per pass over the weights; column pairs per warp
 __global__ void __launch_bounds__(kWarps * 32, kRows == 1 ? 6 : 1) expert_gemv_kernel(GemvParams p) {
+  constexpr int kSlots = kDepth / kPairs;  // 16-byte loads per lane, weight row and k-step
+  constexpr int kPairStep = 32 * 8 * kSlots;
   // GEMM1 needs the router's plan at once: it waits, then lets GEMM2 launch. GEMM2 reads the plan (complete before
   // GEMM1 let it start) and requests its first weights before it waits for GEMM1's output.
   if (p.gated) {
@@ -56,23 +61,33 @@ __global__ void __launch_bounds__(kWarps * 32, kRows == 1 ? 6 : 1) expert_gemv_k
   const int expert = p.plan.block_experts[block];  // -1 past the extent
   const int local = expert < 0 ? -1 : local_expert(p.map, expert);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int pair = blockIdx.y * kWarps + warp;  // gated: column i; plain: columns 2 * pair, 2 * pair + 1
+  // gated: column i = pair; plain: columns 2 * pair, 2 * pair + 1; this warp's pairs are pair0 .. pair0 + kPairs - 1
+  const int pair0 = (blockIdx.y * kWarps + warp) * kPairs;
   const int pairs = p.gated ? p.n_out : p.n_out / 2;
-  if (local < 0 || pair >= pairs) return;
+  if (local < 0 || pair0 >= pairs) return;
   const int k = p.k;
   const int rows_w = p.gated ? 2 * p.n_out : p.n_out;  // weight rows per expert
-  const int c0 = p.gated ? gate_column(p.layout, pair, p.n_out) : 2 * pair;
-  const int c1 = p.gated ? up_column(p.layout, pair, p.n_out) : 2 * pair + 1;
   const __nv_bfloat16* w = static_cast<const __nv_bfloat16*>(p.w) + static_cast<int64_t>(local) * rows_w * k;
-  const __nv_bfloat16* w0 = w + static_cast<int64_t>(c0) * k;
-  const __nv_bfloat16* w1 = w + static_cast<int64_t>(c1) * k;
-  uint4 wa[kDepth], wb[kDepth];
+  const __nv_bfloat16* w0[kPairs];
+  const __nv_bfloat16* w1[kPairs];
+#pragma unroll
+  for (int j = 0; j < kPairs; ++j) {
+    const int pair = min(pair0 + j, pairs - 1);  // a missing last pair re-reads the one before; never written
+    const int c0 = p.gated ? gate_column(p.layout, pair, p.n_out) : 2 * pair;
+    const int c1 = p.gated ? up_column(p.layout, pair, p.n_out) : 2 * pair + 1;
+    w0[j] = w + static_cast<int64_t>(c0) * k;
+    w1[j] = w + static_cast<int64_t>(c1) * k;
+  }
+  uint4 wa[kPairs][kSlots], wb[kPairs][kSlots];
   auto load_step = [&](int k0) {
 #pragma unroll
-    for (int d = 0; d < kDepth; ++d) {
-      const int kk = k0 + d * 32 * 8;
-      wa[d] = kk < k ? load_stream(w0 + kk) : make_uint4(0, 0, 0, 0);
-      wb[d] = kk < k ? load_stream(w1 + kk) : make_uint4(0, 0, 0, 0);
+    for (int j = 0; j < kPairs; ++j) {
+#pragma unroll
+      for (int d = 0; d < kSlots; ++d) {
+        const int kk = k0 + d * 32 * 8;
+        wa[j][d] = kk < k ? load_stream(w0[j] + kk) : make_uint4(0, 0, 0, 0);
+        wb[j][d] = kk < k ? load_stream(w1[j] + kk) : make_uint4(0, 0, 0, 0);
+      }
     }
   };
   load_step(lane * 8);  // in flight while the rows are looked up (and, in GEMM2, while GEMM1 finishes)
@@ -94,46 +109,57 @@ __global__ void __launch_bounds__(kWarps * 32, kRows == 1 ? 6 : 1) expert_gemv_k
       const int64_t row = r0 + min(r, nr - 1);
       xr[r] = x + (p.gated ? p.plan.sorted_slots[row] / p.plan.slots : row) * k;
     }
-    float acc0[kRows] = {}, acc1[kRows] = {};
-    for (int k0 = lane * 8; k0 < k; k0 += kStep) {
+    float acc0[kPairs][kRows] = {}, acc1[kPairs][kRows] = {};
+    for (int k0 = lane * 8; k0 < k; k0 += kPairStep) {
       if (!loaded) load_step(k0);
       loaded = false;
 #pragma unroll
-      for (int d = 0; d < kDepth; ++d) {
+      for (int d = 0; d < kSlots; ++d) {
         const int kk = k0 + d * 32 * 8;
         if (kk >= k) continue;
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
           if (r < nr) {
             const uint4 xv = *reinterpret_cast<const uint4*>(xr[r] + kk);
-            dot8(acc0[r], wa[d], xv);
-            dot8(acc1[r], wb[d], xv);
+#pragma unroll
+            for (int j = 0; j < kPairs; ++j) {
+              dot8(acc0[j][r], wa[j][d], xv);
+              dot8(acc1[j][r], wb[j][d], xv);
+            }
           }
         }
       }
     }
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
+    for (int j = 0; j < kPairs; ++j) {
 #pragma unroll
-      for (int s = 16; s > 0; s /= 2) {
-        acc0[r] += __shfl_xor_sync(0xffffffffu, acc0[r], s);
-        acc1[r] += __shfl_xor_sync(0xffffffffu, acc1[r], s);
+      for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int s = 16; s > 0; s /= 2) {
+          acc0[j][r] += __shfl_xor_sync(0xffffffffu, acc0[j][r], s);
+          acc1[j][r] += __shfl_xor_sync(0xffffffffu, acc1[j][r], s);
+        }
       }
     }
-    // Lane r writes row r: no runtime indexing of the accumulator arrays (they stay in registers).
+    // Lane r (+ 8 j) writes row r of pair j: no runtime indexing of the accumulator arrays (they stay in registers).
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (lane != r || r >= nr) continue;
-      const int64_t row = r0 + r;
-      if (p.gated) {
-        const int64_t bias = static_cast<int64_t>(local) * rows_w;
-        const float g = acc0[r] + load_bias(p.b13, bias + c0);
-        const float u = acc1[r] + load_bias(p.b13, bias + c1);
-        static_cast<__nv_bfloat16*>(p.out)[row * p.n_out + pair] =
-            __float2bfloat16_rn(gated_activation(p.activation, p.act_params, g, u));
-      } else {
-        reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + row * p.n_out)[pair] =
-            __floats2bfloat162_rn(acc0[r], acc1[r]);
+    for (int j = 0; j < kPairs; ++j) {
+      const int pair = pair0 + j;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if (lane != r + 8 * j || r >= nr || pair >= pairs) continue;
+        const int64_t row = r0 + r;
+        if (p.gated) {
+          const int c0 = gate_column(p.layout, pair, p.n_out), c1 = up_column(p.layout, pair, p.n_out);
+          const int64_t bias = static_cast<int64_t>(local) * rows_w;
+          const float g = acc0[j][r] + load_bias(p.b13, bias + c0);
+          const float u = acc1[j][r] + load_bias(p.b13, bias + c1);
+          static_cast<__nv_bfloat16*>(p.out)[row * p.n_out + pair] =
+              __float2bfloat16_rn(gated_activation(p.activation, p.act_params, g, u));
+        } else {
+          reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + row * p.n_out)[pair] =
+              __floats2bfloat162_rn(acc0[j][r], acc1[j][r]);
+        }
       }
     }
   }
@@ -141,14 +167,20 @@ __global__ void __launch_bounds__(kWarps * 32, kRows == 1 ? 6 : 1) expert_gemv_k
 
 using GemvKernel = void (*)(GemvParams);
 struct GemvEntry {
-  int rows;  // kRows: picked when min(T, B) <= rows
+  int rows;   // kRows: picked when min(T, B) <= rows
+  int pairs;  // kPairs: 2 for weight rows of at most kShortK elements, else 1
   GemvKernel fn;
 };
-constexpr std::array<GemvEntry, 4> kGemvKernels{{
-    {1, expert_gemv_kernel<1>},
-    {2, expert_gemv_kernel<2>},
-    {4, expert_gemv_kernel<4>},
-    {8, expert_gemv_kernel<8>},
+constexpr int kShortK = 32 * 8 * kDepth / 2;
+constexpr std::array<GemvEntry, 8> kGemvKernels{{
+    {1, 1, expert_gemv_kernel<1, 1>},
+    {2, 1, expert_gemv_kernel<2, 1>},
+    {4, 1, expert_gemv_kernel<4, 1>},
+    {8, 1, expert_gemv_kernel<8, 1>},
+    {1, 2, expert_gemv_kernel<1, 2>},
+    {2, 2, expert_gemv_kernel<2, 2>},
+    {4, 2, expert_gemv_kernel<4, 2>},
+    {8, 2, expert_gemv_kernel<8, 2>},
 }};
 
 }  // namespace
@@ -156,16 +188,18 @@ constexpr std::array<GemvEntry, 4> kGemvKernels{{
 void launch_gemv(const GemvParams& p, Stream stream) {
   const int64_t blocks = p.plan.capacity / p.plan.block;
   if (blocks == 0) return;
-  const int pairs = p.gated ? p.n_out : p.n_out / 2;
-  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((pairs + kWarps - 1) / kWarps));
   const int64_t max_rows = p.plan.tokens < p.plan.block ? p.plan.tokens : p.plan.block;
-  GemvKernel fn = kGemvKernels.back().fn;
-  for (const GemvEntry& e : kGemvKernels)
-    if (max_rows <= e.rows) {
-      fn = e.fn;
-      break;
-    }
-  launch_dependent(fn, grid, dim3(kWarps * 32), stream, p, "expert_gemv_kernel");
+  const int pairs_per_warp = p.k <= kShortK ? 2 : 1;
+  const GemvEntry* pick = nullptr;
+  for (const GemvEntry& e : kGemvKernels) {
+    if (e.pairs != pairs_per_warp) continue;
+    pick = &e;                      // the most rows so far
+    if (max_rows <= e.rows) break;  // the fewest rows that hold min(T, B)
+  }
+  const int pairs = p.gated ? p.n_out : p.n_out / 2;
+  const int per_cta = kWarps * pairs_per_warp;
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>((pairs + per_cta - 1) / per_cta));
+  launch_dependent(pick->fn, grid, dim3(kWarps * 32), stream, p, "expert_gemv_kernel");
 }
 
 }  // namespace moekit::detail
