@@ -37,7 +37,7 @@ struct BenchMoeCli {
   uint64_t seed = 1;
   int gemm1 = -1, gemm2 = -1;
   std::string json;
-  float bias_scale = 0.5f;
+  float bias_scale = 0.01f;
   bool tuned = false;
   bool kernels = false;
   bool tokens_given = false;
@@ -89,7 +89,7 @@ void print_table(const MoeBenchReport& r) {
   if (r.bias_scale)
     std::printf(
         "%s",
-        fmt::format("selection bias uniform in [-{0:.3g}, {0:.3g}), logits in [-2, 2)\n", *r.bias_scale).c_str());
+        fmt::format("selection bias uniform in [-S, S) with S = {:.3g}, logits in [-2, 2)\n", *r.bias_scale).c_str());
   std::printf(
       "| T | gemm1 / gemm2 | experts | floor us | experts cold us | experts graph us | route+experts cold "
       "us | route+experts graph us | TB/s | TFLOP/s | floor fraction (graph) | (cold) | verify err |\n");
@@ -308,8 +308,8 @@ void add_bench_moe_command(CLI::App& bench) {
   cmd->add_flag("--kernels", opts->kernels, "Also print each T's experts kernels (cold L2 median and start gap)")
       ->excludes(tuned);
   cmd->add_option("--bias-scale", opts->bias_scale,
-                  "Presets with a selection bias: bias uniform in [-S, S) against logits in [-2, 2); 0 routes about "
-                  "evenly, the default 0.5 concentrates rows (deepseek-v3: 45-89 of 256 experts get rows)")
+                  "Presets with a selection bias: bias uniform in [-S, S) against logits in [-2, 2); the default "
+                  "0.01 sends rows to every expert, 0.5 concentrates them (deepseek-v3: 45-89 of 256 experts)")
       ->excludes(tuned);
   cmd->callback([opts, tokens] {
     if (opts->tuned) {
