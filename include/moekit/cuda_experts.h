@@ -33,7 +33,9 @@ enum class GemmKernelKind : uint8_t {
 struct GemmTacticInfo {
   std::string_view name;  // e.g. "sm90_cooperative_128x128x64"
   GemmKernelKind kind;
-  int tile_m, tile_n, tile_k;  // CTA tile of a grouped GEMM; gemv: most rows per pass, weight rows per CTA, 0
+  // CTA tile of a grouped GEMM; gemv: most rows per pass, weight rows per CTA (twice as many when a weight row has
+  // at most 512 elements), 0
+  int tile_m, tile_n, tile_k;
 };
 
 /// The tactics that exist, in a fixed order; indices into this table are ExpertTactic's values.

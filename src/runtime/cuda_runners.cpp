@@ -106,7 +106,9 @@ const std::vector<Tactic>& expert_tactics() {
       std::string what =
           t.kind == GemmKernelKind::grouped
               ? fmt::format("CUTLASS sm90 grouped GEMM, {}x{}x{} CTA tile", t.tile_m, t.tile_n, t.tile_k)
-              : fmt::format("memory-bound decode GEMV, {} rows per pass, {} weight rows per CTA", t.tile_m, t.tile_n);
+              : fmt::format(
+                    "memory-bound decode GEMV, {} rows per pass, {} weight rows per CTA ({} for rows of <= 512)",
+                    t.tile_m, t.tile_n, 2 * t.tile_n);
       out.push_back({std::string(t.name), std::move(what)});
     }
     return out;
