@@ -585,11 +585,11 @@ TEST(RowSlices, CoverEveryRowOnceWithoutEmptySlices) {
         if (per > 1) {  // per is the fewest passes per slice that fit in the wanted slices
           EXPECT_GT((passes + per - 2) / (per - 1), wanted) << n << " " << rows << " " << target;
         }
-        // The kernel's ranges, slice by slice: [begin, end) back to back from 0 to n, none empty.
+        // The kernels' ranges, slice by slice: [begin, end) back to back from 0 to n, none empty.
         int covered = 0;
         for (int64_t y = 0; y < slices; ++y) {
-          const int begin = static_cast<int>(y) * per * kRowPass;
-          const int end = std::min(n, begin + per * kRowPass);
+          const auto [begin, end] = row_slice_range(n, static_cast<int>(y), static_cast<int>(slices));
+          ASSERT_EQ(end - begin, std::min(per * kRowPass, n - begin)) << n << " " << rows << " slice " << y;
           ASSERT_EQ(begin, covered) << n << " " << rows << " slice " << y;
           ASSERT_LT(begin, end) << n << " " << rows << " slice " << y;
           covered = end;

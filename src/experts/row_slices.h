@@ -22,6 +22,16 @@ constexpr int row_passes_per_slice(int passes, int slices) {
   return (passes + slices - 1) / slices;
 }
 
+/// Elements [begin, end) of a row of `n` elements that slice `slice` of `slices` covers: whole passes, back to back.
+struct RowRange {
+  int begin, end;
+};
+constexpr RowRange row_slice_range(int n, int slice, int slices) {
+  const int per = row_passes_per_slice(row_passes(n), slices) * kRowPass;
+  const int begin = slice * per;
+  return {begin, std::min(n, begin + per)};
+}
+
 /// Slices per row for a grid of `rows` rows (>= 1): enough for about `target_warps` warps, at most one per pass, and
 /// none empty, so that row_passes_per_slice(passes, result) is the per-slice count chosen here.
 constexpr int64_t row_slices(int64_t passes, int64_t rows, int64_t target_warps) {

@@ -35,9 +35,8 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gather_tokens_kernel(Gather
   const uint32_t local = __ballot_sync(0xffffffffu, row >= 0);
   const int vecs = p.hidden_size / 8;
   constexpr int kPassVecs = kRowPass / 8;
-  const int per_slice = row_passes_per_slice(row_passes(p.hidden_size), static_cast<int>(gridDim.y));
-  const int begin = static_cast<int>(blockIdx.y) * per_slice * kPassVecs;
-  const int end = min(vecs, begin + per_slice * kPassVecs);
+  const RowRange slice = row_slice_range(p.hidden_size, static_cast<int>(blockIdx.y), static_cast<int>(gridDim.y));
+  const int begin = slice.begin / 8, end = slice.end / 8;  // in 16-byte vectors (H is a multiple of 8)
   const uint4* src = static_cast<const uint4*>(p.hidden) + t * vecs;
   uint4* a1 = static_cast<uint4*>(p.a1);
   for (int base = begin; base < end; base += kPassVecs) {  // warp-uniform trip count: every lane shuffles
@@ -100,9 +99,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) activation_rows_kernel(Acti
   const __nv_bfloat16* c1 = static_cast<const __nv_bfloat16*>(p.c1) + row * 2 * inter;
   __nv_bfloat16* act = static_cast<__nv_bfloat16*>(p.act) + row * inter;
   const int64_t bias_base = static_cast<int64_t>(expert) * 2 * inter;
-  const int per_slice = row_passes_per_slice(row_passes(inter), static_cast<int>(gridDim.y));
-  const int begin = static_cast<int>(blockIdx.y) * per_slice * kRowPass;
-  const int end = min(inter, begin + per_slice * kRowPass);
+  const auto [begin, end] = row_slice_range(inter, static_cast<int>(blockIdx.y), static_cast<int>(gridDim.y));
   for (int i0 = begin + lane * 8; i0 < end; i0 += kRowPass) {
     const int i1 = i0 + 32 * 8;
     GateUp8 x0, x1;
