@@ -302,6 +302,44 @@ TEST(CudaExperts, ActivationsLayoutsBiases) {
   }
 }
 
+// Interleaved w13 on tactic 4 (GEMM1 with the gated activation in its epilogue) and on tactic 3 (GEMM1, then the
+// activation pass): every activation, fp32 / bf16 / no b13, a fused shared expert, ragged rows per expert (1 to 1000
+// tokens), 4-byte aligned biases, and a rank holding 3 of 8 routed experts (groups of other ranks' experts are empty,
+// the bias index is the local expert's).
+TEST(CudaExperts, GatedEpilogue) {
+  MOEKIT_REQUIRE_SM90();
+  uint32_t salt = 370;
+  for (int gemm1 : {3, 4}) {
+    for (Activation a : {Activation::silu_gated, Activation::swiglu_clamped, Activation::gelu_gated}) {
+      for (int64_t t : {1, 7, 64, 1000}) {
+        Case c;
+        c.cfg = reduced(find_preset("gpt-oss-120b").experts);
+        c.cfg.activation = a;
+        c.cfg.gate_up = GateUpLayout::interleaved;
+        c.cfg.act = ActivationParams{1.5f, 0.75f, 2.0f};
+        c.cfg.num_shared_experts = 1;
+        c.tokens = t;
+        c.b13 = c.b2 = t != 7;
+        c.bias_dtype = t == 64 ? DType::bf16 : DType::f32;
+        c.bias_offset = t == 1000 ? 4 : 0;
+        c.tactic = {gemm1, t == 64 ? 1 : gemm1};
+        check_case(c, salt++);
+      }
+    }
+    Case c;
+    c.cfg = reduced(find_preset("gpt-oss-120b").experts);
+    c.cfg.gate_up = GateUpLayout::interleaved;
+    c.cfg.num_experts = 8;
+    c.cfg.top_k = 2;
+    c.cfg.local_num_experts = 3;
+    c.cfg.local_expert_offset = 4;
+    c.tokens = 200;
+    c.b13 = c.b2 = true;
+    c.tactic = {gemm1, gemm1};
+    check_case(c, salt++);
+  }
+}
+
 // Weight rows of at most 512 elements in both GEMMs (H = 264, I = 136): the decode GEMV gives each warp two column
 // pairs; every layout, with biases, at 1 to 8 rows per block (each rows-per-pass kernel) and on more rows than that.
 TEST(CudaExperts, DecodeShortRows) {

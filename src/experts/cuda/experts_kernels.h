@@ -42,6 +42,17 @@ struct BiasRef {
   bool is_bf16 = false;
 };
 
+/// GEMM1 with the gated activation in its epilogue (w13 rows interleaved gate, up, ...): instead of D, each group
+/// writes act rows through out[g] (GEMM2's A pointers), adding b13 of the group's local expert.
+struct GatedEpilogueArgs {
+  const void* const* ptr_out = nullptr;  // [G] bf16* on the device
+  int64_t ld_out = 0;                    // I
+  BiasRef bias;                          // b13 [E', 2I]
+  ExpertMap map;
+  Activation activation = Activation::silu_gated;
+  ActivationParams act;
+};
+
 /// Argument arrays of one CUTLASS ptr-array grouped GEMM, D[g] = A[g] * B[g]^T with A [M, K] row-major,
 /// B [N, K] row-major (K-contiguous), D [M, N] row-major; all arrays [G] on the device.
 struct GroupedGemmArgs {
@@ -55,6 +66,7 @@ struct GroupedGemmArgs {
   void* stride_d = nullptr;
   void* workspace = nullptr;  // workspace_size() bytes
   int sm_count = 0;
+  GatedEpilogueArgs gated;  // read by the gated instantiations only (ptr_d and stride_d unused there)
 };
 
 /// Byte sizes of one entry of each per-group array (for allocation).
@@ -72,6 +84,8 @@ GroupedGemmOps sm90_grouped_gemm_cooperative_128x128x64();
 GroupedGemmOps sm90_grouped_gemm_pingpong_64x128x64();
 GroupedGemmOps sm90_grouped_gemm_cooperative_128x256x64();
 GroupedGemmOps sm90_grouped_gemm_pingpong_64x256x64();
+// GEMM1 with the gated activation fused (GatedEpilogueArgs), for interleaved w13.
+GroupedGemmOps sm90_grouped_gemm_gated_pingpong_64x256x64();
 
 /// Fills both GEMMs' problem shapes, pointers and strides for every group from the plan's counts and offsets:
 /// GEMM1 group g: M = count (0 for another rank's expert), N = 2I, K = H, A = a1 + off*H, B = w13[local], D = c1 +

@@ -15,16 +15,18 @@
 #include "cutlass/gemm/group_array_problem_shape.hpp"
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "experts/cuda/experts_kernels.h"
+#include "experts/cuda/sm90_gated_epilogue.cuh"
 #include "experts/cuda/sm90_grouped_types.cuh"
 #include "moekit/error.h"
 
 namespace moekit::detail {
 
-/// A tile configuration: CTA tile (M, N, K) and the warp-specialized schedule.
-template <int kTileM, int kTileN, int kTileK, bool kCooperative>
+/// A tile configuration: CTA tile (M, N, K) and the warp-specialized schedule. kGated: no D; the epilogue applies
+/// the gated activation to interleaved gate/up column pairs and stores act rows (sm90_gated_epilogue.cuh).
+template <int kTileM, int kTileN, int kTileK, bool kCooperative, bool kGated = false>
 struct Sm90GroupedGemm {
   using ElementAB = cutlass::bfloat16_t;
-  using ElementD = cutlass::bfloat16_t;
+  using ElementD = std::conditional_t<kGated, void, cutlass::bfloat16_t>;
   using ElementAcc = float;
   using TileShape = cute::Shape<cute::Int<kTileM>, cute::Int<kTileN>, cute::Int<kTileK>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
@@ -34,11 +36,16 @@ struct Sm90GroupedGemm {
                                               cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
   static constexpr int kAlign = 8;  // 16 bytes of bf16
 
+  using Fusion =
+      std::conditional_t<kGated,
+                         cutlass::epilogue::fusion::Sm90EVT<
+                             Sm90GatedActivationStore<kTileM, kTileN, kCooperative ? 256 : 128, kCooperative ? 1 : 2>,
+                             cutlass::epilogue::fusion::Sm90AccFetch>,
+                         cutlass::epilogue::fusion::LinearCombination<cutlass::bfloat16_t, ElementAcc>>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, ElementAcc, void, GroupedLayoutD*, kAlign,
-      ElementD, GroupedLayoutD*, kAlign, EpilogueSchedule,
-      cutlass::epilogue::fusion::LinearCombination<ElementD, ElementAcc>>::CollectiveOp;
+      ElementD, GroupedLayoutD*, kAlign, EpilogueSchedule, Fusion>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, GroupedLayoutA*, kAlign, ElementAB,
@@ -63,12 +70,18 @@ struct Sm90GroupedGemm {
     args.mainloop.dA = static_cast<GroupedStrideA*>(a.stride_a);
     args.mainloop.ptr_B = reinterpret_cast<const ElementAB**>(a.ptr_b);
     args.mainloop.dB = static_cast<GroupedStrideB*>(a.stride_b);
-    args.epilogue.thread.alpha = 1.0f;
-    args.epilogue.thread.beta = 0.0f;
+    if constexpr (kGated) {
+      args.epilogue.thread.op_1 = a.gated;  // op_0: the accumulator fetch, op_1: the gated store
+      args.epilogue.ptr_D = nullptr;
+      args.epilogue.dD = nullptr;
+    } else {
+      args.epilogue.thread.alpha = 1.0f;
+      args.epilogue.thread.beta = 0.0f;
+      args.epilogue.ptr_D = reinterpret_cast<ElementD**>(a.ptr_d);
+      args.epilogue.dD = static_cast<GroupedStrideD*>(a.stride_d);
+    }
     args.epilogue.ptr_C = nullptr;
     args.epilogue.dC = nullptr;
-    args.epilogue.ptr_D = reinterpret_cast<ElementD**>(a.ptr_d);
-    args.epilogue.dD = static_cast<GroupedStrideD*>(a.stride_d);
     args.hw_info.device_id = 0;
     args.hw_info.sm_count = a.sm_count;
     return args;
