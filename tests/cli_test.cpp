@@ -127,6 +127,23 @@ TEST(Cli, BenchMoeBiasScale) {
   EXPECT_NE(help.output.find("--bias-scale"), std::string::npos) << help.output;
 }
 
+// --gate-up: a layout name, for the plain benchmark only; the table's first line names the arrangement timed.
+TEST(Cli, BenchMoeGateUp) {
+  expect_accepted("bench moe --preset qwen3-30b-a3b --tokens 1 --samples 1 --verify-tokens 1 --gate-up interleaved",
+                  "qwen3-30b-a3b (w13 interleaved)");
+  CliRun bad = run_cli("bench moe --preset qwen3-30b-a3b --tokens 1 --gate-up diagonal");  // before any device setup
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.output.find("unknown gate_up layout 'diagonal' (expected one of: gate_first, up_first, interleaved)"),
+            std::string::npos)
+      << bad.output;
+  EXPECT_EQ(bad.output.find("a CUDA device"), std::string::npos) << bad.output;
+  CliRun both = run_cli("bench moe --preset qwen3-30b-a3b --tuned --gate-up interleaved");
+  EXPECT_NE(both.status, 0);
+  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
+  CliRun help = run_cli("bench moe --help");
+  EXPECT_NE(help.output.find("--gate-up"), std::string::npos) << help.output;
+}
+
 // Bad token counts and sample counts are reported as such, before any device setup (without a GPU as with one).
 TEST(Cli, BenchMoeRejectsBadArgumentsFirst) {
   for (const auto& [args, message] : {std::pair<const char*, const char*>{"--tokens 0", "tokens (0) must be >= 1"},

@@ -113,6 +113,9 @@ struct MoeBenchOptions {
   // 256 experts, the busiest about twice the mean); 0.5, the setting of the numbers recorded before 2026-11-30,
   // outweighs the sigmoid keys (45-89 of 256 experts get rows). Finite, >= 0.
   float bias_scale = 0.01f;
+  // w13's gate/up arrangement instead of the preset's (the weights are synthetic either way): what an engine gets
+  // that rearranges a checkpoint's w13 at load time, e.g. interleaved rows for GEMM1's fused gated epilogue.
+  std::optional<GateUpLayout> gate_up;
 };
 
 /// Ceilings measured in the same run: device copy bandwidth (bytes read + written, from the harness), cuBLAS bf16
@@ -137,6 +140,7 @@ struct MoeBenchRow {
 struct MoeBenchReport {
   std::string preset, device, timing_source;
   std::optional<float> bias_scale;  // MoeBenchOptions::bias_scale for presets with a selection bias, else none
+  GateUpLayout gate_up = GateUpLayout::gate_first;  // the arrangement timed (the preset's or the override)
   MoeBenchCeilings ceilings;
   std::vector<MoeBenchRow> rows;
 };

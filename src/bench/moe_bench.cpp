@@ -96,7 +96,8 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
   const Device dev = Device::cuda(device);
   cudaStream_t s = static_cast<cudaStream_t>(harness.stream());
 
-  const ExpertConfig& cfg = preset.experts;
+  ExpertConfig cfg = preset.experts;
+  if (o.gate_up) cfg.gate_up = *o.gate_up;
   const RoutingConfig& rcfg = preset.routing;
   const int64_t max_t = *std::max_element(o.tokens.begin(), o.tokens.end());
   const int64_t ew = cfg.weight_experts(), h = cfg.hidden, in = cfg.intermediate, e = cfg.num_experts;
@@ -130,6 +131,7 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
   MoeBenchReport report;
   report.preset = preset.name;
   if (preset.has_bias) report.bias_scale = o.bias_scale;
+  report.gate_up = cfg.gate_up;
   const bench::Ceilings hc = harness.measure_ceilings();
   report.device = hc.device;
   report.ceilings.copy_tb_per_s = hc.copy_bytes_per_s / 1e12;

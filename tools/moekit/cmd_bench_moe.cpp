@@ -38,6 +38,7 @@ struct BenchMoeCli {
   int gemm1 = -1, gemm2 = -1;
   std::string json;
   float bias_scale = 0.01f;
+  std::string gate_up;
   bool tuned = false;
   bool kernels = false;
   bool tokens_given = false;
@@ -49,6 +50,7 @@ nlohmann::json to_json(const MoeBenchReport& r) {
   j["device"] = r.device;
   j["timing_source"] = r.timing_source;
   j["bias_scale"] = r.bias_scale ? nlohmann::json(*r.bias_scale) : nlohmann::json(nullptr);
+  j["gate_up"] = std::string(gate_up_layout_name(r.gate_up));
   j["ceilings"] = {{"copy_tb_per_s", r.ceilings.copy_tb_per_s},
                    {"gemm_tflop_per_s", r.ceilings.gemm_tflop_per_s},
                    {"graph_launch_us", r.ceilings.graph_launch_us}};
@@ -81,10 +83,10 @@ nlohmann::json to_json(const MoeBenchReport& r) {
 }
 
 void print_table(const MoeBenchReport& r) {
-  std::printf("%s", fmt::format("moe bench: {} on {}; ceilings: copy {:.2f} TB/s, bf16 GEMM {:.0f} TFLOP/s, graph "
-                                "launch {:.1f} us; cold = kernel time from {}\n",
-                                r.preset, r.device, r.ceilings.copy_tb_per_s, r.ceilings.gemm_tflop_per_s,
-                                r.ceilings.graph_launch_us, r.timing_source)
+  std::printf("%s", fmt::format("moe bench: {} (w13 {}) on {}; ceilings: copy {:.2f} TB/s, bf16 GEMM {:.0f} TFLOP/s, "
+                                "graph launch {:.1f} us; cold = kernel time from {}\n",
+                                r.preset, gate_up_layout_name(r.gate_up), r.device, r.ceilings.copy_tb_per_s,
+                                r.ceilings.gemm_tflop_per_s, r.ceilings.graph_launch_us, r.timing_source)
                         .c_str());
   if (r.bias_scale)
     std::printf(
@@ -311,7 +313,12 @@ void add_bench_moe_command(CLI::App& bench) {
                   "Presets with a selection bias: bias uniform in [-S, S) against logits in [-2, 2); the default "
                   "0.01 sends rows to every expert, 0.5 concentrates them (deepseek-v3: 45-89 of 256 experts)")
       ->excludes(tuned);
-  cmd->callback([opts, tokens] {
+  CLI::Option* gate_up =
+      cmd->add_option("--gate-up", opts->gate_up,
+                      "w13's gate/up arrangement instead of the preset's: gate_first, up_first or interleaved (as an "
+                      "engine that rearranges the checkpoint at load time runs it)")
+          ->excludes(tuned);
+  cmd->callback([opts, tokens, gate_up] {
     if (opts->tuned) {
       opts->tokens_given = tokens->count() > 0;
       run_tuned(*opts);
@@ -325,6 +332,7 @@ void add_bench_moe_command(CLI::App& bench) {
     o.seed = opts->seed;
     o.tactic = {opts->gemm1, opts->gemm2};
     o.bias_scale = opts->bias_scale;
+    if (gate_up->count() > 0) o.gate_up = parse_gate_up_layout(opts->gate_up);
     check_moe_bench_options(o);  // bad arguments are reported before any device setup
     bench::Harness harness;
     const MoeBenchReport report = bench_moe(harness, o);
