@@ -282,31 +282,89 @@ INSTANTIATE_TEST_SUITE_P(Experts, LayerPerActivation,
                                            Activation::gelu_gated),
                          [](const auto& info) { return std::string(activation_name(info.param)); });
 
+// The same logical gate/up rows (and b13 entries) in every arrangement, rearranged by rearrange_gate_up(): the
+// reference reads each arrangement to the same result, bit for bit.
 TEST(ExpertsReference, EveryGateUpLayoutGivesTheSameResult) {
   ExpertConfig c = make_expert_config(4, 2, 32, 24);
-  Problem p = make_problem(c, 9, 5);
+  Problem p = make_problem(c, 9, 5, /*biases=*/true);
   const std::vector<double> ref = layer_fp64(p);
   const std::vector<float> base = p.run();
   expect_close(base, ref);
-  // Rearrange the same logical gate/up rows of every expert.
-  const std::vector<uint16_t> logical = p.w13;  // gate_first
-  const int64_t I = c.intermediate, H = c.hidden;
+  const int64_t E = c.weight_experts(), I = c.intermediate, H = c.hidden;
   for (GateUpLayout layout : {GateUpLayout::up_first, GateUpLayout::interleaved}) {
     SCOPED_TRACE(std::string(gate_up_layout_name(layout)));
     Problem q = p;
     q.cfg.gate_up = layout;
-    for (int64_t e = 0; e < c.weight_experts(); ++e)
-      for (int64_t i = 0; i < I; ++i) {
-        const int64_t gate_to = layout == GateUpLayout::up_first ? I + i : 2 * i;
-        const int64_t up_to = layout == GateUpLayout::up_first ? i : 2 * i + 1;
-        for (int64_t k = 0; k < H; ++k) {
-          q.w13[(e * 2 * I + gate_to) * H + k] = logical[(e * 2 * I + i) * H + k];
-          q.w13[(e * 2 * I + up_to) * H + k] = logical[(e * 2 * I + I + i) * H + k];
-        }
-      }
+    rearrange_gate_up(TensorView::contiguous(p.w13.data(), DType::bf16, {E, 2 * I, H}), GateUpLayout::gate_first,
+                      TensorView::contiguous(q.w13.data(), DType::bf16, {E, 2 * I, H}), layout);
+    rearrange_gate_up(TensorView::contiguous(p.b13.data(), DType::f32, {E, 2 * I}), GateUpLayout::gate_first,
+                      TensorView::contiguous(q.b13.data(), DType::f32, {E, 2 * I}), layout);
+    EXPECT_NE(q.w13, p.w13);
     EXPECT_EQ(q.run(), base);
     expect_close(q.run(), layer_fp64(q));  // the fp64 layer reads the layout itself
   }
+}
+
+// Rows move as DESIGN §5 arranges them (gate rows then up rows; up then gate; gate, up, gate, up, ...), whole rows
+// of any element size, expert by expert; a round trip through every arrangement restores the input.
+TEST(RearrangeGateUp, RowsByHandAndRoundTrip) {
+  // One expert, I = 2, rows of 3 floats: gate rows g0 g1, up rows u0 u1 (gate_first).
+  std::vector<float> src = {1, 1, 1, 2, 2, 2, 10, 10, 10, 20, 20, 20}, dst(12);
+  const TensorView s = TensorView::contiguous(src.data(), DType::f32, {1, 4, 3});
+  const TensorView d = TensorView::contiguous(dst.data(), DType::f32, {1, 4, 3});
+  rearrange_gate_up(s, GateUpLayout::gate_first, d, GateUpLayout::interleaved);
+  EXPECT_EQ(dst, (std::vector<float>{1, 1, 1, 10, 10, 10, 2, 2, 2, 20, 20, 20}));
+  rearrange_gate_up(s, GateUpLayout::gate_first, d, GateUpLayout::up_first);
+  EXPECT_EQ(dst, (std::vector<float>{10, 10, 10, 20, 20, 20, 1, 1, 1, 2, 2, 2}));
+
+  // Three experts of I = 5 bf16 rows of 7, and their [E', 2I] bias: gate_first -> interleaved -> up_first -> back.
+  std::vector<uint16_t> w(3 * 10 * 7);
+  for (size_t k = 0; k < w.size(); ++k) w[k] = static_cast<uint16_t>(k * 2654435761u >> 7);
+  std::vector<uint16_t> a(w.size()), b(w.size()), back(w.size());
+  auto view = [](std::vector<uint16_t>& v) { return TensorView::contiguous(v.data(), DType::bf16, {3, 10, 7}); };
+  rearrange_gate_up(view(w), GateUpLayout::gate_first, view(a), GateUpLayout::interleaved);
+  rearrange_gate_up(view(a), GateUpLayout::interleaved, view(b), GateUpLayout::up_first);
+  rearrange_gate_up(view(b), GateUpLayout::up_first, view(back), GateUpLayout::gate_first);
+  EXPECT_NE(a, w);
+  EXPECT_NE(b, w);
+  EXPECT_EQ(back, w);
+  // Expert 2's gate(4) (row 2 * 10 + 4 of gate_first) is row 2 * 10 + 8 interleaved and 2 * 10 + 9 up_first.
+  EXPECT_TRUE(std::equal(w.begin() + 24 * 7, w.begin() + 25 * 7, a.begin() + 28 * 7));
+  EXPECT_TRUE(std::equal(w.begin() + 24 * 7, w.begin() + 25 * 7, b.begin() + 29 * 7));
+  rearrange_gate_up(view(w), GateUpLayout::gate_first, view(a), GateUpLayout::gate_first);  // same arrangement: copy
+  EXPECT_EQ(a, w);
+}
+
+TEST(RearrangeGateUp, RejectsBadViews) {
+  std::vector<float> x(2 * 4 * 3), y(2 * 4 * 3);
+  const TensorView src = TensorView::contiguous(x.data(), DType::f32, {2, 4, 3});
+  const TensorView dst = TensorView::contiguous(y.data(), DType::f32, {2, 4, 3});
+  const GateUpLayout g = GateUpLayout::gate_first, il = GateUpLayout::interleaved;
+  auto message = [&](const TensorView& s, const TensorView& d) {
+    try {
+      rearrange_gate_up(s, g, d, il);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message(TensorView{}, dst), "moekit::experts: src must be present");
+  EXPECT_EQ(message(src, TensorView::contiguous(y.data(), DType::f32, {2, 4, 3}, Device::cuda(0))),
+            "moekit::experts: dst ([2, 4, 3] fp32 cuda:0) must be in host memory");
+  EXPECT_EQ(message(TensorView::contiguous(x.data(), DType::f32, {24}), dst),
+            "moekit::experts: src ([24] fp32 cpu) must be [E', 2I, H] or [E', 2I]");
+  EXPECT_EQ(message(TensorView::contiguous(x.data(), DType::f32, {2, 3, 4}), dst),
+            "moekit::experts: src ([2, 3, 4] fp32 cpu) must have an even dim 1 (2I)");
+  EXPECT_EQ(message(src, TensorView::contiguous(y.data(), DType::f32, {2, 4, 2})),
+            "moekit::experts: dst ([2, 4, 2] fp32 cpu) must have the shape and dtype of src ([2, 4, 3] fp32 cpu)");
+  EXPECT_EQ(message(src, TensorView::contiguous(y.data(), DType::i32, {2, 4, 3})),
+            "moekit::experts: dst ([2, 4, 3] int32 cpu) must have the shape and dtype of src ([2, 4, 3] fp32 cpu)");
+  EXPECT_EQ(message(src, TensorView::contiguous(x.data() + 3, DType::f32, {2, 4, 3})),
+            "moekit::experts: dst must not overlap src");
+  TensorView strided = src;
+  strided.strides[0] = 24;
+  EXPECT_EQ(message(strided, dst), "moekit::experts: src ([2, 4, 3] fp32 cpu) must be contiguous");
+  EXPECT_EQ(message(src, dst), "no error");
 }
 
 TEST(ExpertsReference, BiasesFp32AndBf16) {

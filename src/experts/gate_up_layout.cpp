@@ -1,0 +1,55 @@
+// rearrange_gate_up(): w13 / b13 rows from one gate/up arrangement into another, in host memory (for checkpoints
+// rearranged at load time; the interleaved arrangement lets GEMM1 apply the activation in its epilogue).
+#include <fmt/format.h>
+
+#include <cstring>
+
+#include "moekit/error.h"
+#include "moekit/experts.h"
+
+namespace moekit {
+namespace {
+
+[[noreturn]] void fail(const std::string& message) {
+  throw InvalidArgument("experts", message);
+}
+
+/// Row of gate(i) and up(i) among the 2I rows of one expert (the same map as the kernels' gate/up columns).
+int64_t gate_row(GateUpLayout l, int64_t i, int64_t inter) {
+  return l == GateUpLayout::gate_first ? i : (l == GateUpLayout::up_first ? inter + i : 2 * i);
+}
+int64_t up_row(GateUpLayout l, int64_t i, int64_t inter) {
+  return l == GateUpLayout::gate_first ? inter + i : (l == GateUpLayout::up_first ? i : 2 * i + 1);
+}
+
+void check_view(const TensorView& t, const char* name) {
+  if (!t.present()) fail(fmt::format("{} must be present", name));
+  if (!t.device.is_cpu()) fail(fmt::format("{} ({}) must be in host memory", name, t.describe()));
+  if (t.ndim != 2 && t.ndim != 3) fail(fmt::format("{} ({}) must be [E', 2I, H] or [E', 2I]", name, t.describe()));
+  if (!t.is_contiguous()) fail(fmt::format("{} ({}) must be contiguous", name, t.describe()));
+  if (t.size(1) % 2 != 0) fail(fmt::format("{} ({}) must have an even dim 1 (2I)", name, t.describe()));
+}
+
+}  // namespace
+
+void rearrange_gate_up(const TensorView& src, GateUpLayout from, const TensorView& dst, GateUpLayout to) {
+  check_view(src, "src");
+  check_view(dst, "dst");
+  if (dst.dtype != src.dtype || dst.ndim != src.ndim || dst.shape != src.shape)
+    fail(fmt::format("dst ({}) must have the shape and dtype of src ({})", dst.describe(), src.describe()));
+  const int64_t row = (src.ndim == 3 ? src.size(2) : 1) * dtype_size(src.dtype);  // bytes per gate or up row
+  const int64_t bytes = src.numel() * dtype_size(src.dtype);
+  const auto* s = static_cast<const unsigned char*>(src.data);
+  auto* d = static_cast<unsigned char*>(dst.data);
+  if (s < d + bytes && d < s + bytes) fail("dst must not overlap src");
+  const int64_t experts = src.size(0), inter = src.size(1) / 2;
+  for (int64_t e = 0; e < experts; ++e) {
+    const int64_t base = e * 2 * inter;
+    for (int64_t i = 0; i < inter; ++i) {
+      std::memcpy(d + (base + gate_row(to, i, inter)) * row, s + (base + gate_row(from, i, inter)) * row, row);
+      std::memcpy(d + (base + up_row(to, i, inter)) * row, s + (base + up_row(from, i, inter)) * row, row);
+    }
+  }
+}
+
+}  // namespace moekit
