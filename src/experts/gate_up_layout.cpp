@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "experts/internal.h"
 #include "moekit/error.h"
 #include "moekit/experts.h"
 
@@ -12,14 +13,6 @@ namespace {
 
 [[noreturn]] void fail(const std::string& message) {
   throw InvalidArgument("experts", message);
-}
-
-/// Row of gate(i) and up(i) among the 2I rows of one expert (the same map as the kernels' gate/up columns).
-int64_t gate_row(GateUpLayout l, int64_t i, int64_t inter) {
-  return l == GateUpLayout::gate_first ? i : (l == GateUpLayout::up_first ? inter + i : 2 * i);
-}
-int64_t up_row(GateUpLayout l, int64_t i, int64_t inter) {
-  return l == GateUpLayout::gate_first ? inter + i : (l == GateUpLayout::up_first ? i : 2 * i + 1);
 }
 
 void check_view(const TensorView& t, const char* name) {
@@ -46,8 +39,9 @@ void rearrange_gate_up(const TensorView& src, GateUpLayout from, const TensorVie
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t base = e * 2 * inter;
     for (int64_t i = 0; i < inter; ++i) {
-      std::memcpy(d + (base + gate_row(to, i, inter)) * row, s + (base + gate_row(from, i, inter)) * row, row);
-      std::memcpy(d + (base + up_row(to, i, inter)) * row, s + (base + up_row(from, i, inter)) * row, row);
+      const detail::GateUpRows in = detail::gate_up_rows(from, i, inter), out = detail::gate_up_rows(to, i, inter);
+      std::memcpy(d + (base + out.gate) * row, s + (base + in.gate) * row, row);
+      std::memcpy(d + (base + out.up) * row, s + (base + in.up) * row, row);
     }
   }
 }

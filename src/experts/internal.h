@@ -1,5 +1,6 @@
 // Internals of the expert-compute reference shared between its translation units and its tests: the tensor check
-// behind every "experts" validation message, and the reference with an explicit token-chunk size (so tests can
+// behind every "experts" validation message, the rows of w13 holding gate(i) and up(i) in each arrangement, and the
+// reference with an explicit token-chunk size (so tests can
 // exercise the chunked path, which real sizes only reach with very large T).
 #pragma once
 
@@ -18,6 +19,22 @@ namespace moekit::detail {
 /// "<name> (<describe()>) must be <rule>".
 void check_expert_tensor(const TensorView& t, std::string_view name, std::string_view symbols,
                          std::initializer_list<int64_t> dims, bool allow_fp32, Device device);
+
+/// Rows of w13 (among an expert's 2I) holding gate and up column i of the intermediate activation.
+struct GateUpRows {
+  int64_t gate, up;
+};
+inline GateUpRows gate_up_rows(GateUpLayout layout, int64_t i, int64_t inter) {
+  switch (layout) {
+    case GateUpLayout::gate_first:
+      return {i, inter + i};
+    case GateUpLayout::up_first:
+      return {inter + i, i};
+    case GateUpLayout::interleaved:
+      return {2 * i, 2 * i + 1};
+  }
+  return {i, inter + i};
+}
 
 /// experts_reference processing at most `chunk_tokens` (>= 1) tokens at a time; experts_reference picks the chunk
 /// that bounds its fp32 scratch to about 128 MiB. The result does not depend on the chunk size.

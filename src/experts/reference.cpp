@@ -100,22 +100,6 @@ float bias_at(const TensorView& b, int64_t i) {
   return b.dtype == DType::f32 ? b.as<const float>()[i] : widen_bf16(b.as<const uint16_t>()[i]);
 }
 
-/// Rows of w13 holding gate and up column i of the intermediate activation.
-struct GateUpRows {
-  int64_t gate, up;
-};
-GateUpRows gate_up_rows(GateUpLayout layout, int64_t i, int64_t inter) {
-  switch (layout) {
-    case GateUpLayout::gate_first:
-      return {i, inter + i};
-    case GateUpLayout::up_first:
-      return {inter + i, i};
-    case GateUpLayout::interleaved:
-      return {2 * i, 2 * i + 1};
-  }
-  return {i, inter + i};
-}
-
 void check_plan(const ExpertConfig& cfg, const RoutePlanView& plan) {
   auto fail = [](const std::string& m) { throw InvalidArgument("experts", m); };
   const PlanShape& s = plan.shape;
@@ -226,7 +210,7 @@ void experts_reference_chunked(const ExpertConfig& cfg, const ExpertWeights& wei
     for_expert_columns(I, kGemm1ColsPerTask, [&](int64_t e, int64_t i0, int64_t i1) {
       const uint16_t* we = w13 + e * 2 * I * H;
       for (int64_t i = i0; i < i1; ++i) {
-        const GateUpRows rows = gate_up_rows(cfg.gate_up, i, I);
+        const detail::GateUpRows rows = detail::gate_up_rows(cfg.gate_up, i, I);
         const float bg = bias_at(weights.b13, e * 2 * I + rows.gate), bu = bias_at(weights.b13, e * 2 * I + rows.up);
         for (int64_t r0 = row_begin[e]; r0 < row_begin[e + 1]; r0 += kMaxRowGroup) {
           const int n = static_cast<int>(std::min<int64_t>(kMaxRowGroup, row_begin[e + 1] - r0));
