@@ -545,12 +545,14 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"deepseek-v3", 4, gemv},
       {"qwen3-next-80b", 1, gemv},
       {"gpt-oss-120b", 5, small},  // 5 tokens: past the GEMV's token bound
-      // Large experts (mixtral, deepseek): 64x256 below 64 routed rows per expert, 128x256 from 64.
+      // A few large experts (mixtral): 64x256 below 64 routed rows per expert, 128x256 from 64.
       {"mixtral-8x7b", 16, small},
       {"mixtral-8x7b", 256, large},  // 64 rows
-      {"deepseek-v3", 1024, small},  // 32 rows (the shared expert's 1024 do not count)
-      {"deepseek-v3", 4096, large},  // 128 rows
-      // The others: 64x256 up to 256 routed rows per expert, 128x256 above.
+      // The others, deepseek-v3's 256 large experts too: 64x256 up to 256 routed rows per expert, 128x256 above.
+      {"deepseek-v3", 1024, small},      // 32 rows (the shared expert's 1024 do not count)
+      {"deepseek-v3", 4096, small},      // 128 rows
+      {"deepseek-v3", 8192, small},      // 256 rows
+      {"deepseek-v3", 16384, large},     // 512 rows
       {"qwen3-30b-a3b", 4096, small},    // 256 rows
       {"qwen3-30b-a3b", 16384, large},   // 1024 rows
       {"qwen3-next-80b", 4096, small},   // 80 rows

@@ -41,22 +41,24 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
     nullptr, nullptr, nullptr, nullptr, &detail::sm90_grouped_gemm_gated_pingpong_64x256x64};
 
 // Default heuristic, first matching rule. Keys: the rows a routed expert is expected to get (the average over
-// active routed experts, ceil(T*K / min(E, T*K))), T, and the size of one expert's GEMM1 weights (2I x H). Fitted
-// to the H200 sweeps in docs/benchmarks.md: the GEMV wins for up to 4 tokens at ~1 row per expert (at T = 8-16 the
-// pingpong GEMMs are 1.2-1.6x faster); 128x256 cooperative tiles win from 64 rows per expert on large experts
-// (mixtral, deepseek) and above 256 rows on the others (gpt-oss at 512 rows: 1.14x over 64x256); 64x256 pingpong
-// tiles below that (mixtral T = 16-64: 1.03-1.06x over 64x128; qwen3-next T = 1024-4096: 1.04-1.10x, qwen3 and
-// gpt-oss T = 4096: 1.02x over 128x256).
+// active routed experts, ceil(T*K / min(E, T*K))), T, the size of one expert's GEMM1 weights (2I x H) and the
+// number of routed experts. Fitted to the H200 sweeps in docs/benchmarks.md: the GEMV wins for up to 4 tokens at ~1
+// row per expert (at T = 8-16 the pingpong GEMMs are 1.2-1.6x faster); 128x256 cooperative tiles win from 64 rows
+// per expert on a few large experts (mixtral T = 256: 1.07x over 64x256) and above 256 rows on the others (gpt-oss
+// at 512 rows: 1.14x over 64x256; deepseek-v3 at 256 rows: within 0.4%); 64x256 pingpong tiles below that (mixtral T
+// = 16-64: 1.03-1.06x over 64x128; qwen3-next T = 1024-4096: 1.04-1.10x, qwen3 and gpt-oss T = 4096: 1.02x,
+// deepseek-v3 at 64-128 rows with every expert routed: 1.03-1.04x over 128x256).
 struct HeuristicRule {
-  int64_t min_rows, max_rows, max_tokens, min_weights;
+  int64_t min_rows, max_rows, max_tokens, min_weights, max_experts;
   int gemm1, gemm2;
 };
 constexpr int64_t kLargeExpert = int64_t{24} << 20;  // 2I x H elements
+constexpr int64_t kAny = INT64_MAX;
 constexpr std::array<HeuristicRule, 4> kHeuristic{{
-    {0, 1, 4, 0, 0, 0},
-    {64, INT64_MAX, INT64_MAX, kLargeExpert, 3, 3},
-    {0, 256, INT64_MAX, 0, 4, 4},
-    {0, INT64_MAX, INT64_MAX, 0, 3, 3},
+    {0, 1, 4, 0, kAny, 0, 0},
+    {64, kAny, kAny, kLargeExpert, 64, 3, 3},
+    {0, 256, kAny, 0, kAny, 4, 4},
+    {0, kAny, kAny, 0, kAny, 3, 3},
 }};
 
 constexpr int64_t kAlign = 256;
@@ -236,7 +238,8 @@ ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens) {
   const int64_t rows = (routed + active - 1) / active;
   const int64_t weights = int64_t{2} * c.intermediate * c.hidden;
   for (const HeuristicRule& r : kHeuristic)
-    if (rows >= r.min_rows && rows <= r.max_rows && t <= r.max_tokens && weights >= r.min_weights)
+    if (rows >= r.min_rows && rows <= r.max_rows && t <= r.max_tokens && weights >= r.min_weights &&
+        c.num_experts <= r.max_experts)
       return {r.gemm1, r.gemm2};
   return {kHeuristic.back().gemm1, kHeuristic.back().gemm2};
 }
