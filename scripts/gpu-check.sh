@@ -7,7 +7,10 @@
 #   PARTS="build tests" scripts/gpu-check.sh      a subset of: build tests sanitize bench layer ep
 #   BUILD_DIR=build-x PARTS=bench ...             reuse binaries built earlier
 #   MOE_TOKENS=1,16 PARTS=bench ...               a shorter token list for bench moe
-# NCCL's NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Exit status: 0 when every step passed.
+#   DEADLINE_S=480 ...                            steps that would start later than 480 s in are skipped
+# Each step's result line is printed as it finishes and appended to $OUT_DIR/summary.md, so a run cut short still
+# tells which steps passed. NCCL's NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Exit status: 0 when every step
+# passed (a skipped step counts as failed).
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
@@ -16,23 +19,35 @@ out="${OUT_DIR:-$root/gpu-check-out}"
 parts=" ${PARTS:-build tests sanitize bench layer ep} "
 sanitizer_limit="${SANITIZER_TIMEOUT:-300}"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+deadline="${DEADLINE_S:-}"
 mkdir -p "$out"
+: >"$out/summary.md"
 summary=()
 failed=0
 want() { [[ "$parts" == *" $1 "* ]]; }
 
+# record LINE: one step's result, kept for the final table, printed now and appended to $out/summary.md.
+record() {
+  summary+=("$1")
+  echo "$1" | tee -a "$out/summary.md"
+}
 # step NAME CMD...: runs CMD with its output in $out/NAME.log and records the outcome.
 step() {
   local name="$1"
   shift
+  if [[ -n "$deadline" ]] && ((SECONDS >= deadline)); then
+    record "| $name | SKIPPED (past DEADLINE_S=$deadline at ${SECONDS} s) | |"
+    failed=1
+    return
+  fi
   local t0=$SECONDS
   if "$@" >"$out/$name.log" 2>&1; then
-    summary+=("| $name | ok | $((SECONDS - t0)) s |")
+    record "| $name | ok | $((SECONDS - t0)) s |"
   else
     local rc=$?
-    summary+=("| $name | FAILED (rc $rc, $out/$name.log) | $((SECONDS - t0)) s |")
-    failed=1
     tail -n 30 "$out/$name.log"
+    record "| $name | FAILED (rc $rc, $out/$name.log) | $((SECONDS - t0)) s |"
+    failed=1
   fi
 }
 show() {  # show LOG...: the table lines of benchmark logs (bench moe's per-kernel tables stay in the logs)
@@ -71,7 +86,7 @@ if want sanitize; then
     step racecheck_gpu_experts cs --tool racecheck --racecheck-report all --error-exitcode 1 \
       "$build/tests/gpu_experts_test" --gtest_filter='*Skewed*:*GatedEpilogue*'
   else
-    summary+=("| sanitizers | SKIPPED (no compute-sanitizer) | |")
+    record "| sanitizers | SKIPPED (no compute-sanitizer) | |"
   fi
 fi
 
@@ -88,7 +103,7 @@ if want bench; then
     [[ -f "$out/bench_moe_$p.json" ]] && jsons+=("$out/bench_moe_$p.json")
   done
   python3 scripts/plot_moe.py "$out/moe_floor_fraction.png" "${jsons[@]}" >"$out/plot.log" 2>&1 ||
-    summary+=("| plot | FAILED ($out/plot.log) | |")
+    record "| plot | FAILED ($out/plot.log) | |"
   show bench_route_seed6 bench_route_dsv3 bench_moe_mixtral-8x7b bench_moe_qwen3-30b-a3b bench_moe_deepseek-v3 \
     bench_moe_qwen3-next-80b bench_moe_gpt-oss-120b
 fi
