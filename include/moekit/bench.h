@@ -84,6 +84,7 @@ class Harness {
   Harness(const Harness&) = delete;
   Harness& operator=(const Harness&) = delete;
 
+  /// The harness's own stream, on which every measurement runs.
   Stream stream() const;
 
   /// Measures the ceilings (about a second of device time).

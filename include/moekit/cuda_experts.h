@@ -89,7 +89,9 @@ class CudaExperts {
   /// cuda_expert_default_tactic(config(), tokens).
   ExpertTactic default_tactic(int64_t tokens) const;
 
+  /// The config the object was built for.
   const ExpertConfig& config() const;
+  /// The largest T a run() accepts (the workspace is sized for it).
   int64_t max_tokens() const;
   /// Device bytes owned by this object (intermediate buffers, problem arrays, GEMM workspace).
   int64_t workspace_bytes() const;

@@ -102,10 +102,13 @@ class Communicator {
   /// Safe to call from another thread; the handle is not destroyed again afterwards.
   void abort();
 
+  /// The underlying ncclComm_t (as an opaque handle) for callers that issue their own NCCL calls.
   CommHandle handle() const;
+  /// Ranks in the communicator, this rank's index in it, and the CUDA device it was created on.
   int world_size() const;
   int rank() const;
   int device() const;
+  /// False when it holds no communicator (default-constructed or moved from); an aborted one stays valid.
   bool valid() const;
 
  private:
@@ -155,7 +158,9 @@ class EpLayer {
 
   /// This rank's expert config (local range set).
   const ExpertConfig& local_config() const;
+  /// The token exchange the layer was built with.
   EpMode mode() const;
+  /// The most tokens per rank a forward() accepts.
   int64_t max_tokens() const;
   /// Device bytes owned by the layer (plans, exchange buffers, expert workspace).
   int64_t workspace_bytes() const;

@@ -21,10 +21,10 @@ enum class Activation : uint8_t { silu_gated, swiglu_clamped, gelu_gated };
 /// row by row (gate, up, gate, up, ... as in GPT-OSS checkpoints).
 enum class GateUpLayout : uint8_t { gate_first, up_first, interleaved };
 
-std::string_view activation_name(Activation a);        // "silu_gated", "swiglu_clamped", "gelu_gated"
-Activation parse_activation(std::string_view name);    // throws InvalidArgument listing the names
-std::string_view gate_up_layout_name(GateUpLayout l);  // "gate_first", "up_first", "interleaved"
-GateUpLayout parse_gate_up_layout(std::string_view name);
+std::string_view activation_name(Activation a);            // "silu_gated", "swiglu_clamped", "gelu_gated"
+Activation parse_activation(std::string_view name);        // throws InvalidArgument listing the names
+std::string_view gate_up_layout_name(GateUpLayout l);      // "gate_first", "up_first", "interleaved"
+GateUpLayout parse_gate_up_layout(std::string_view name);  // throws InvalidArgument listing the names
 
 /// Parameters of the gated activations.
 ///   silu_gated:     silu(gate) * up

@@ -42,10 +42,10 @@ enum class ActivationFormat : uint8_t {
   fp8_e4m3_tensor,       // fp8 with one dynamic scale per tensor
 };
 
-std::string_view weight_format_name(WeightFormat f);          // "bf16", "fp8_e4m3_block", ..., "mxfp4"
-WeightFormat parse_weight_format(std::string_view name);      // throws InvalidArgument listing the names
-std::string_view activation_format_name(ActivationFormat f);  // "bf16", "fp8_e4m3_token_block", "fp8_e4m3_tensor"
-ActivationFormat parse_activation_format(std::string_view name);
+std::string_view weight_format_name(WeightFormat f);              // "bf16", "fp8_e4m3_block", ..., "mxfp4"
+WeightFormat parse_weight_format(std::string_view name);          // throws InvalidArgument listing the names
+std::string_view activation_format_name(ActivationFormat f);      // "bf16", "fp8_e4m3_token_block", "fp8_e4m3_tensor"
+ActivationFormat parse_activation_format(std::string_view name);  // throws InvalidArgument listing the names
 
 struct QuantConfig {
   WeightFormat weight_format = WeightFormat::bf16;
@@ -266,11 +266,13 @@ class MoELayer {
   /// The tactic pair forward() would run for `tokens`.
   TacticChoice choice(int64_t tokens) const;
 
+  /// The spec the layer was built for, the runner that executes it and that runner's registry name.
   const LayerSpec& spec() const;
   Runner& runner();
   std::string_view backend() const;
   /// The verdict of every backend tried at construction (the chosen one last).
   const std::vector<BackendVerdict>& verdicts() const;
+  /// The largest T a forward() accepts.
   int64_t max_tokens() const;
 
  private:

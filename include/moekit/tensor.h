@@ -47,11 +47,14 @@ struct TensorView {
   bool present() const { return ndim > 0; }
   int64_t size(int d) const { return shape[d]; }
   int64_t stride(int d) const { return strides[d]; }
+  /// Product of the shape; 0 for an absent view (ndim 0).
   int64_t numel() const;
+  /// Row-major without gaps (a dimension of size 1 may have any stride).
   bool is_contiguous() const;
   /// "[3, 8] bf16 cuda:0"
   std::string describe() const;
 
+  /// The data pointer as T* (no check of dtype).
   template <class T>
   T* as() const {
     return static_cast<T*>(data);

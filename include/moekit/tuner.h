@@ -167,6 +167,7 @@ class Autotuner {
   void insert(const std::string& key, const TuningEntry& entry);
   /// A copy of every in-memory entry.
   std::map<std::string, TuningEntry> entries() const;
+  /// The number of in-memory entries; clear() drops them all and bumps generation() (no file is touched).
   size_t size() const;
   void clear();
   /// Increases whenever the in-memory cache changes; lets layers drop memoized choices cheaply.
