@@ -1,8 +1,8 @@
 """Summarizes scripts/ab-moe.sh runs: OUT_DIR/{A,B}_PRESET_rROUND.json (bench moe --json) -> markdown tables.
 
-For each preset and T: the median over rounds of the experts graph time of A and of B, their ratio (B / A, below 1
-when B is faster) and the range over rounds; then each kernel position's cold median (median over rounds) for A and
-B. Usage: python3 scripts/ab_moe_table.py OUT_DIR
+For each preset and T: each kernel position's cold median (median over rounds) for A and B; then, last so that the
+tail of any log shows it, the median over rounds of the experts graph time of A and of B, their ratio (B / A, below
+1 when B is faster) and the range over rounds. Usage: python3 scripts/ab_moe_table.py OUT_DIR
 """
 import json
 import re
@@ -52,6 +52,17 @@ def main(argv):
     if not runs:
         print(f"no A_*/B_* JSON files in {argv[1]}")
         return 1
+    print("| preset | T | # | kernel | A cold us | B cold us |")
+    print("|---|---|---|---|---|---|")
+    for preset, tokens, a, b in cells(runs):
+        if not a or not b:
+            continue
+        ka = [r.get("experts_kernels", []) for r in a]
+        kb = [r.get("experts_kernels", []) for r in b]
+        for i in range(max(len(ka[0]), len(kb[0]))):
+            name = (ka[0][i] if i < len(ka[0]) else kb[0][i])["name"]
+            print(f"| {preset} | {tokens} | {i} | {name} | {median_kernel(ka, i)} | {median_kernel(kb, i)} |")
+    print()
     print("| preset | T | A tactics | B tactics | A graph us | B graph us | B / A | A range | B range |")
     print("|---|---|---|---|---|---|---|---|---|")
     for preset, tokens, a, b in cells(runs):
@@ -65,17 +76,6 @@ def main(argv):
         tb = f"{b[0]['gemm1']} / {b[0]['gemm2']}"
         print(f"| {preset} | {tokens} | {ta} | {tb} | {ma:.1f} | {mb:.1f} | {mb / ma:.3f} | {fmt_range(ga)} | "
               f"{fmt_range(gb)} |")
-    print()
-    print("| preset | T | # | kernel | A cold us | B cold us |")
-    print("|---|---|---|---|---|---|")
-    for preset, tokens, a, b in cells(runs):
-        if not a or not b:
-            continue
-        ka = [r.get("experts_kernels", []) for r in a]
-        kb = [r.get("experts_kernels", []) for r in b]
-        for i in range(max(len(ka[0]), len(kb[0]))):
-            name = (ka[0][i] if i < len(ka[0]) else kb[0][i])["name"]
-            print(f"| {preset} | {tokens} | {i} | {name} | {median_kernel(ka, i)} | {median_kernel(kb, i)} |")
     return 0
 
 
