@@ -1,7 +1,7 @@
 // Internals of the expert-compute reference shared between its translation units and its tests: the tensor check
 // behind every "experts" validation message, the rows of w13 holding gate(i) and up(i) in each arrangement, and the
-// reference with an explicit token-chunk size (so tests can
-// exercise the chunked path, which real sizes only reach with very large T).
+// reference with an explicit token-chunk size (so tests can exercise the chunked path, which real sizes only reach
+// with very large T).
 #pragma once
 
 #include <cstdint>
