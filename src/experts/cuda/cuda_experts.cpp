@@ -121,6 +121,7 @@ struct CudaExperts::Impl {
   detail::GroupedGemmArgs gemm1, gemm2;
   std::array<GroupedGemmOps, kTactics.size()> ops{};
   std::array<GroupedGemmOps, kTactics.size()> gated_ops{};  // interleaved w13 only
+  detail::ExpertMap map;                                    // global expert id -> local weights
 
   ~Impl() {
     if (storage != nullptr) cudaFree(storage);  // errors ignored: a destructor must not throw
@@ -154,6 +155,7 @@ CudaExperts::CudaExperts(const CudaExpertsArgs& a) : impl_(std::make_unique<Impl
   if (a.config.gate_up == GateUpLayout::interleaved)
     for (size_t i = 0; i < kTactics.size(); ++i)
       if (kGatedOps[i] != nullptr) m.gated_ops[i] = kGatedOps[i]();
+  m.map = {a.config.num_experts, a.config.local_expert_offset, a.config.local_experts()};
 
   const ExpertConfig& c = m.cfg;
   const int64_t cap = plan_capacity(a.max_tokens, c.num_experts, c.top_k, c.num_shared_experts, a.block);
@@ -214,8 +216,7 @@ CudaExperts::CudaExperts(const CudaExpertsArgs& a) : impl_(std::make_unique<Impl
   bind(m.gemm1, o1);
   bind(m.gemm2, o2);
   // The fused epilogue writes act rows where GEMM2 reads them: through GEMM2's A pointers.
-  m.gemm1.gated = {m.gemm2.ptr_a, in,   bias_ref(m.w.b13), {c.num_experts, c.local_expert_offset, c.local_experts()},
-                   c.activation,  c.act};
+  m.gemm1.gated = {m.gemm2.ptr_a, in, bias_ref(m.w.b13), m.map, c.activation, c.act};
 }
 
 CudaExperts::~CudaExperts() = default;
@@ -303,7 +304,7 @@ void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const Ten
                         ps.block,
                         0};
   pa.capacity = plan_capacity(t, c.num_experts, c.top_k, c.num_shared_experts, ps.block);
-  const detail::ExpertMap map{c.num_experts, c.local_expert_offset, c.local_experts()};
+  const detail::ExpertMap& map = m.map;
   const bool grouped1 = kTactics[tactic.gemm1].kind == GemmKernelKind::grouped;
   const bool grouped2 = kTactics[tactic.gemm2].kind == GemmKernelKind::grouped;
 
