@@ -37,6 +37,8 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGroupedOps{
 // GEMM1 + activation pass when w13 is interleaved (gate and up columns of an output side by side in one tile). Only
 // the pingpong schedule has one: there one consumer's epilogue overlaps the other's main loop, while the cooperative
 // 128x256 tile with the fused epilogue ran 1.17x slower than its GEMM1 + activation pass (gpt-oss T = 16384, H200).
+// Gate-first / up-first w13 keep GEMM1 + the pass: pairing their gate and up rows in GEMM1's tiles with a 3D TMA
+// view ran 1.1-2.2x slower (docs/benchmarks.md, "Twelfth session"); rearrange_gate_up() interleaves them instead.
 constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
     nullptr, nullptr, nullptr, nullptr, &detail::sm90_grouped_gemm_gated_pingpong_64x256x64};
 

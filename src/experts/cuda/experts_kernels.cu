@@ -20,7 +20,9 @@ constexpr int kWarpsPerCta = 8;
 constexpr int64_t kActWarps = 16384;    // the activation splits rows until about this many warps are launched
 constexpr int64_t kGatherWarps = 4096;  // the gather: T >= 4096 keeps a warp per token
 
-// Hidden row t (this warp's slice of it) is read once and written to the a1 row of each of its local slots. The
+// Hidden row t (this warp's slice of it) is read once and written to the a1 row of each of its local slots. Folding
+// this pass into GEMM1's main loop (rows copied from the hidden states by per-row TMA or by cp.async) was measured
+// 1.0-2.7x slower than this pass plus the TMA-fed GEMM1 (H200, docs/benchmarks.md "Twelfth session"). The
 // passes are launched as dependents of the kernel before them (launch_dependent: no launch gap) and wait before they
 // read what it wrote. The CUTLASS GEMMs between them are ordinary launches: launched as dependents they ran 2-7%
 // slower at T = 4096 (H200, docs/benchmarks.md), so the passes do not let them start early either.
