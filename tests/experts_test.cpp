@@ -364,6 +364,8 @@ TEST(RearrangeGateUp, RejectsBadViews) {
   TensorView strided = src;
   strided.strides[0] = 24;
   EXPECT_EQ(message(strided, dst), "moekit::experts: src ([2, 4, 3] fp32 cpu) must be contiguous");
+  EXPECT_EQ(message(src, TensorView::contiguous(nullptr, DType::f32, {2, 4, 3})),
+            "moekit::experts: dst ([2, 4, 3] fp32 cpu) must not be null");
   EXPECT_EQ(message(src, dst), "no error");
 }
 

@@ -11,16 +11,16 @@
 namespace moekit {
 namespace {
 
-[[noreturn]] void fail(const std::string& message) {
-  throw InvalidArgument("experts", message);
-}
+using detail::fail_experts;
 
 void check_view(const TensorView& t, const char* name) {
-  if (!t.present()) fail(fmt::format("{} must be present", name));
-  if (!t.device.is_cpu()) fail(fmt::format("{} ({}) must be in host memory", name, t.describe()));
-  if (t.ndim != 2 && t.ndim != 3) fail(fmt::format("{} ({}) must be [E', 2I, H] or [E', 2I]", name, t.describe()));
-  if (!t.is_contiguous()) fail(fmt::format("{} ({}) must be contiguous", name, t.describe()));
-  if (t.size(1) % 2 != 0) fail(fmt::format("{} ({}) must have an even dim 1 (2I)", name, t.describe()));
+  if (!t.present()) fail_experts(fmt::format("{} must be present", name));
+  if (!t.device.is_cpu()) fail_experts(fmt::format("{} ({}) must be in host memory", name, t.describe()));
+  if (t.ndim != 2 && t.ndim != 3)
+    fail_experts(fmt::format("{} ({}) must be [E', 2I, H] or [E', 2I]", name, t.describe()));
+  if (!t.is_contiguous()) fail_experts(fmt::format("{} ({}) must be contiguous", name, t.describe()));
+  if (t.numel() > 0 && t.data == nullptr) fail_experts(fmt::format("{} ({}) must not be null", name, t.describe()));
+  if (t.size(1) % 2 != 0) fail_experts(fmt::format("{} ({}) must have an even dim 1 (2I)", name, t.describe()));
 }
 
 }  // namespace
@@ -29,12 +29,12 @@ void rearrange_gate_up(const TensorView& src, GateUpLayout from, const TensorVie
   check_view(src, "src");
   check_view(dst, "dst");
   if (dst.dtype != src.dtype || dst.ndim != src.ndim || dst.shape != src.shape)
-    fail(fmt::format("dst ({}) must have the shape and dtype of src ({})", dst.describe(), src.describe()));
+    fail_experts(fmt::format("dst ({}) must have the shape and dtype of src ({})", dst.describe(), src.describe()));
   const int64_t row = (src.ndim == 3 ? src.size(2) : 1) * dtype_size(src.dtype);  // bytes per gate or up row
   const int64_t bytes = src.numel() * dtype_size(src.dtype);
   const auto* s = static_cast<const unsigned char*>(src.data);
   auto* d = static_cast<unsigned char*>(dst.data);
-  if (s < d + bytes && d < s + bytes) fail("dst must not overlap src");
+  if (s < d + bytes && d < s + bytes) fail_experts("dst must not overlap src");
   const int64_t experts = src.size(0), inter = src.size(1) / 2;
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t base = e * 2 * inter;

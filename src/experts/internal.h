@@ -1,17 +1,21 @@
-// Internals of the expert-compute reference shared between its translation units and its tests: the tensor check
-// behind every "experts" validation message, the rows of w13 holding gate(i) and up(i) in each arrangement, and the
-// reference with an explicit token-chunk size (so tests can exercise the chunked path, which real sizes only reach
-// with very large T).
+// Internals of the expert-compute reference shared between its translation units and its tests: the throw and the
+// tensor check behind every "experts" validation message, the rows of w13 holding gate(i) and up(i) in each
+// arrangement, and the reference with an explicit token-chunk size (so tests can exercise the chunked path, which
+// real sizes only reach with very large T).
 #pragma once
 
 #include <cstdint>
 #include <initializer_list>
+#include <string>
 #include <string_view>
 
 #include "moekit/experts.h"
 #include "moekit/tensor.h"
 
 namespace moekit::detail {
+
+/// Throws InvalidArgument with op "experts" and `message` (written "<name> (<value>) must be <rule>").
+[[noreturn]] void fail_experts(const std::string& message);
 
 /// Throws InvalidArgument unless `t` is present, has exactly the extents `dims` (written `symbols` in the
 /// header's notation, e.g. "[E', 2I, H]"), is bf16 (or fp32 when `allow_fp32`), contiguous, non-null when not

@@ -101,22 +101,24 @@ float bias_at(const TensorView& b, int64_t i) {
 }
 
 void check_plan(const ExpertConfig& cfg, const RoutePlanView& plan) {
-  auto fail = [](const std::string& m) { throw InvalidArgument("experts", m); };
   const PlanShape& s = plan.shape;
   if (s.num_experts != cfg.num_experts)
-    fail(fmt::format("plan num_experts ({}) must equal num_experts ({})", s.num_experts, cfg.num_experts));
-  if (s.top_k != cfg.top_k) fail(fmt::format("plan top_k ({}) must equal top_k ({})", s.top_k, cfg.top_k));
+    detail::fail_experts(
+        fmt::format("plan num_experts ({}) must equal num_experts ({})", s.num_experts, cfg.num_experts));
+  if (s.top_k != cfg.top_k)
+    detail::fail_experts(fmt::format("plan top_k ({}) must equal top_k ({})", s.top_k, cfg.top_k));
   if (s.num_shared_experts != cfg.num_shared_experts)
-    fail(fmt::format("plan num_shared_experts ({}) must equal num_shared_experts ({})", s.num_shared_experts,
-                     cfg.num_shared_experts));
+    detail::fail_experts(fmt::format("plan num_shared_experts ({}) must equal num_shared_experts ({})",
+                                     s.num_shared_experts, cfg.num_shared_experts));
   if (plan.tokens < 0 || plan.tokens > s.max_tokens)
-    fail(fmt::format("plan tokens ({}) must be in 0..{}", plan.tokens, s.max_tokens));
+    detail::fail_experts(fmt::format("plan tokens ({}) must be in 0..{}", plan.tokens, s.max_tokens));
   if (plan.tokens > 0 && (plan.topk_ids == nullptr || plan.topk_weights == nullptr))
-    fail("plan topk_ids and topk_weights must not be null");
+    detail::fail_experts("plan topk_ids and topk_weights must not be null");
   const int slots = cfg.top_k + cfg.num_shared_experts, groups = cfg.num_experts + cfg.num_shared_experts;
   for (int64_t i = 0; i < plan.tokens * slots; ++i)
     if (plan.topk_ids[i] < 0 || plan.topk_ids[i] >= groups)
-      fail(fmt::format("topk_ids[{}, {}] ({}) must be in 0..{}", i / slots, i % slots, plan.topk_ids[i], groups - 1));
+      detail::fail_experts(
+          fmt::format("topk_ids[{}, {}] ({}) must be in 0..{}", i / slots, i % slots, plan.topk_ids[i], groups - 1));
 }
 
 }  // namespace
@@ -136,7 +138,7 @@ float apply_activation(Activation a, const ActivationParams& p, float gate, floa
       return 0.5f * gate * (1.0f + std::tanh(inner)) * up;
     }
   }
-  throw InvalidArgument("experts", fmt::format("activation ({}) must be a known activation", static_cast<int>(a)));
+  detail::fail_experts(fmt::format("activation ({}) must be a known activation", static_cast<int>(a)));
 }
 
 namespace detail {
@@ -148,7 +150,7 @@ void experts_reference_chunked(const ExpertConfig& cfg, const ExpertWeights& wei
   const int64_t tokens = plan.tokens, H = cfg.hidden, I = cfg.intermediate;
   check_expert_tensor(hidden, "hidden", "[T, H]", {tokens, H}, false, Device::cpu());
   check_expert_tensor(out, "out", "[T, H]", {tokens, H}, false, Device::cpu());
-  if (threads < 0) throw InvalidArgument("experts", fmt::format("threads ({}) must be >= 0", threads));
+  if (threads < 0) detail::fail_experts(fmt::format("threads ({}) must be >= 0", threads));
   if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (tokens == 0) return;
 

@@ -45,9 +45,7 @@ Enum parse_name(const std::array<std::pair<Enum, std::string_view>, N>& table, s
   throw InvalidArgument("experts", fmt::format("unknown {} '{}' (expected one of: {})", what, name, valid));
 }
 
-[[noreturn]] void fail(const std::string& message) {
-  throw InvalidArgument("experts", message);
-}
+using detail::fail_experts;
 
 std::string shape_string(std::initializer_list<int64_t> dims) {
   std::string s = "[";
@@ -59,19 +57,24 @@ std::string shape_string(std::initializer_list<int64_t> dims) {
 
 namespace detail {
 
+void fail_experts(const std::string& message) {
+  throw InvalidArgument("experts", message);
+}
+
 void check_expert_tensor(const TensorView& t, std::string_view name, std::string_view symbols,
                          std::initializer_list<int64_t> dims, bool allow_fp32, Device device) {
   const std::string expected = shape_string(dims);
-  if (!t.present()) fail(fmt::format("{} (absent) must be {} = {}", name, symbols, expected));
+  if (!t.present()) fail_experts(fmt::format("{} (absent) must be {} = {}", name, symbols, expected));
   bool shape_ok = t.ndim == static_cast<int>(dims.size());
   int d = 0;
   for (int64_t e : dims) shape_ok = shape_ok && t.shape[d++] == e;
-  if (!shape_ok) fail(fmt::format("{} ({}) must be {} = {}", name, t.describe(), symbols, expected));
+  if (!shape_ok) fail_experts(fmt::format("{} ({}) must be {} = {}", name, t.describe(), symbols, expected));
   if (!(t.dtype == DType::bf16 || (allow_fp32 && t.dtype == DType::f32)))
-    fail(fmt::format("{} ({}) must be {}", name, t.describe(), allow_fp32 ? "fp32 or bf16" : "bf16"));
-  if (!t.is_contiguous()) fail(fmt::format("{} ({}) must be contiguous", name, t.describe()));
-  if (t.numel() > 0 && t.data == nullptr) fail(fmt::format("{} ({}) must not be null", name, t.describe()));
-  if (!(t.device == device)) fail(fmt::format("{} ({}) must be on {}", name, t.describe(), device_name(device)));
+    fail_experts(fmt::format("{} ({}) must be {}", name, t.describe(), allow_fp32 ? "fp32 or bf16" : "bf16"));
+  if (!t.is_contiguous()) fail_experts(fmt::format("{} ({}) must be contiguous", name, t.describe()));
+  if (t.numel() > 0 && t.data == nullptr) fail_experts(fmt::format("{} ({}) must not be null", name, t.describe()));
+  if (!(t.device == device))
+    fail_experts(fmt::format("{} ({}) must be on {}", name, t.describe(), device_name(device)));
 }
 
 }  // namespace detail
@@ -91,26 +94,27 @@ GateUpLayout parse_gate_up_layout(std::string_view name) {
 
 void ExpertConfig::validate() const {
   if (num_experts < 1 || num_experts > kMaxExperts)
-    fail(fmt::format("num_experts ({}) must be in 1..{}", num_experts, kMaxExperts));
-  if (top_k < 1) fail(fmt::format("top_k ({}) must be >= 1", top_k));
-  if (top_k > num_experts) fail(fmt::format("top_k ({}) must be <= num_experts ({})", top_k, num_experts));
-  if (hidden <= 0 || hidden % 8 != 0) fail(fmt::format("hidden ({}) must be a positive multiple of 8", hidden));
+    fail_experts(fmt::format("num_experts ({}) must be in 1..{}", num_experts, kMaxExperts));
+  if (top_k < 1) fail_experts(fmt::format("top_k ({}) must be >= 1", top_k));
+  if (top_k > num_experts) fail_experts(fmt::format("top_k ({}) must be <= num_experts ({})", top_k, num_experts));
+  if (hidden <= 0 || hidden % 8 != 0)
+    fail_experts(fmt::format("hidden ({}) must be a positive multiple of 8", hidden));
   if (intermediate <= 0 || intermediate % 8 != 0)
-    fail(fmt::format("intermediate ({}) must be a positive multiple of 8", intermediate));
-  if (num_shared_experts < 0) fail(fmt::format("num_shared_experts ({}) must be >= 0", num_shared_experts));
+    fail_experts(fmt::format("intermediate ({}) must be a positive multiple of 8", intermediate));
+  if (num_shared_experts < 0) fail_experts(fmt::format("num_shared_experts ({}) must be >= 0", num_shared_experts));
   if (top_k + num_shared_experts > kMaxSlots)
-    fail(fmt::format("top_k + num_shared_experts ({}) must be <= {}", top_k + num_shared_experts, kMaxSlots));
+    fail_experts(fmt::format("top_k + num_shared_experts ({}) must be <= {}", top_k + num_shared_experts, kMaxSlots));
   if (local_num_experts < -1 || local_num_experts > num_experts)
-    fail(fmt::format("local_num_experts ({}) must be -1 or in 0..{}", local_num_experts, num_experts));
+    fail_experts(fmt::format("local_num_experts ({}) must be -1 or in 0..{}", local_num_experts, num_experts));
   if (local_expert_offset < 0 || local_expert_offset >= num_experts)
-    fail(fmt::format("local_expert_offset ({}) must be in 0..{}", local_expert_offset, num_experts - 1));
+    fail_experts(fmt::format("local_expert_offset ({}) must be in 0..{}", local_expert_offset, num_experts - 1));
   if (local_expert_offset + local_experts() > num_experts)
-    fail(fmt::format("local_expert_offset + local experts ({} + {}) must be <= num_experts ({})", local_expert_offset,
-                     local_experts(), num_experts));
+    fail_experts(fmt::format("local_expert_offset + local experts ({} + {}) must be <= num_experts ({})",
+                             local_expert_offset, local_experts(), num_experts));
   if (name_of(kActivations, activation) == "unknown")
-    fail(fmt::format("activation ({}) must be a known activation", static_cast<int>(activation)));
+    fail_experts(fmt::format("activation ({}) must be a known activation", static_cast<int>(activation)));
   if (name_of(kLayouts, gate_up) == "unknown")
-    fail(fmt::format("gate_up ({}) must be a known gate/up layout", static_cast<int>(gate_up)));
+    fail_experts(fmt::format("gate_up ({}) must be a known gate/up layout", static_cast<int>(gate_up)));
 }
 
 void validate_expert_weights(const ExpertConfig& cfg, const ExpertWeights& w, Device device) {
