@@ -100,11 +100,11 @@ MOEKIT_HD float sigmoid(float x) {
 }
 
 /// Maps a key to an unsigned integer with the same order: NaN lowest (below -inf), -0 equal to +0.
+/// Branch-free: adding +0 turns -0 into +0, then negative keys flip every bit and positive ones the sign bit.
 MOEKIT_HD uint32_t ordered_key(float key) {
-  if (key != key) return 0u;
-  if (key == 0.0f) key = 0.0f;
-  const uint32_t u = bits(key);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+  const uint32_t u = bits(add(key, 0.0f));
+  const uint32_t o = u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
+  return key != key ? 0u : o;
 }
 
 /// A (key, expert) pair as one integer: larger is selected first; equal keys prefer the lower expert id.

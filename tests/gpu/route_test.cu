@@ -15,6 +15,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "moekit/device.h"
@@ -41,8 +42,10 @@ uint64_t base_seed() {
 // wide: standard deviation 80, so about 40% of logits are below -69 (the sigmoid's exact-division path).
 // tied_32 / tied_33: one logit of 5 in each of the 32 lanes' first values (plus one more in lane 0's second chunk
 // for tied_33), the rest normal: exactly 32 (33) values reach the router's selection threshold, the edge between
-// its threshold selection and its selection by rounds.
-enum class Dist { normal, ties, coarse, hot, positive, lane_crowded, nan, wide, tied_32, tied_33 };
+// its threshold selection and its selection by rounds. special: rows by t % 6: a few +inf among normal values, all
+// -inf, normal with some -inf, only +-0 (ties across the sign of zero), normal, only NaN and -inf (the softmax
+// denominator's exact path and the keys' conventions for infinities and signed zeros).
+enum class Dist { normal, ties, coarse, hot, positive, lane_crowded, nan, wide, tied_32, tied_33, special };
 
 struct Case {
   std::string name;
@@ -179,6 +182,31 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
         case Dist::wide:
           v = normal(rng) * 40.0f;
           break;
+        case Dist::special: {
+          const float x = normal(rng);
+          const int pick = small(rng);
+          switch (t % 6) {
+            case 0:
+              v = pick == 0 && x > 1.5f ? INFINITY : x;
+              break;
+            case 1:
+              v = -INFINITY;
+              break;
+            case 2:
+              v = pick == 0 ? -INFINITY : x;
+              break;
+            case 3:
+              v = pick == 0 ? -0.0f : pick == 1 ? 0.0f : (x > 0 ? 0.0f : -0.0f);
+              break;
+            case 4:
+              v = x;
+              break;
+            default:
+              v = pick == 0 ? NAN : -INFINITY;
+              break;
+          }
+          break;
+        }
         case Dist::tied_32:
         case Dist::tied_33: {
           const int per_lane = c.dtype == DType::bf16 ? 8 : 4;
@@ -448,6 +476,21 @@ std::vector<Case> cases() {
   {
     Case c{"nan_logits_topk_softmax", make_routing_config(M::topk_softmax, 64, 8, 0, true), 90, 8};
     c.dist = Dist::nan;
+    add(c);
+  }
+  // Infinities, signed zeros and NaN where the full-row softmax denominator counts (no renormalization): with
+  // columns past E in the instance (E = 96 of 128, bf16 200 of 256) and without (E = 512).
+  for (auto [name, E, dtype] :
+       {std::tuple{"special_softmax_e96", 96, DType::f32}, std::tuple{"special_softmax_e512", 512, DType::f32},
+        std::tuple{"special_softmax_bf16_e200", 200, DType::bf16}}) {
+    Case c{name, make_routing_config(M::softmax_topk, E, 6), 300, 8, dtype};
+    c.dist = Dist::special;
+    add(c);
+  }
+  {
+    Case c{"special_topk_softmax_bias", make_routing_config(M::topk_softmax, 96, 4, 0, true), 120, 8};
+    c.dist = Dist::special;
+    c.bias = true;
     add(c);
   }
   for (int ctas : {1, 3, 7, 64, 1000}) {

@@ -63,7 +63,7 @@ struct SmemLayout {
     at = align16(at + bias_words(experts) * 4);
     l.sel = at;  // per warp: 32 (expert, value) pairs of the selection
     at = align16(at + kWarps * 32 * 8);
-    l.cand = at;  // per warp: 32 (key, expert, value, -) candidates of the threshold selection
+    l.cand = at;  // per warp: 32 (~expert, key, value, -) candidates of the threshold selection
     at = align16(at + kWarps * 32 * 16);
     l.scratch = at;  // group scratch during A, per-CTA partial sums during B
     at = align16(at + (group_bytes > partial_bytes ? group_bytes : partial_bytes));
@@ -254,7 +254,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   const int t0 = min(cta_t0 + warp * p.tokens_per_warp, cta_t1);
   const int t1 = min(t0 + p.tokens_per_warp, cta_t1);
   RowRegs<In, NC> row;
-  if (t0 < t1) row.load(p, t0, lane);
+  if (t0 < t1) row.load(p, t0, lane, kPadBits<In, kSigmoid>);
   // A kernel launched after this one with programmatic stream serialization (the expert GEMV) may start now and
   // wait in griddepcontrol.wait for the plan: its launch latency hides behind the routing.
   asm volatile("griddepcontrol.launch_dependents;" :::);
@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     if (p.bias != nullptr && e < E)
       b = p.bias_bf16 ? load_one(static_cast<const Bf16*>(p.bias) + e)
                       : load_one(static_cast<const float*>(p.bias) + e);
-    bias_s[e] = b;
+    bias_s[e] = rm::add(b, 0.0f);  // -0 -> +0: a key (value + bias) is then never -0 (see selection_key())
   }
   __syncthreads();
   trace_point(p, 1);

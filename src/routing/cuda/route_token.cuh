@@ -128,37 +128,50 @@ __device__ __forceinline__ float softmax_term(float logit, float max) {
   return logit == max ? 1.0f : rm::exp(rm::add(logit, -max));
 }
 
-/// One token's row as NC 16-byte vectors per lane: lane l holds experts (c*32 + l)*V .. +V-1 of chunk c.
+/// One token's row as NC 16-byte vectors per lane: lane l holds experts (c*32 + l)*V .. +V-1 of chunk c. Columns
+/// past E hold `pad` (an element's bits: 0, or -inf so that a row max and a sum of exponentials ignore them).
 template <class In, int NC>
 struct RowRegs {
   static constexpr int V = 16 / sizeof(In);
   uint4 v[NC];
 
-  __device__ __forceinline__ void load(const RouteParams& p, int64_t t, int lane) {
+  __device__ __forceinline__ void load(const RouteParams& p, int64_t t, int lane, uint32_t pad) {
     const In* row = static_cast<const In*>(p.logits) + t * p.row_stride;
+    const uint32_t pad_word = V == 4 ? pad : pad << 16 | pad;
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
       const int e0 = (c * 32 + lane) * V;
-      v[c] = make_uint4(0, 0, 0, 0);
+      v[c] = make_uint4(pad_word, pad_word, pad_word, pad_word);
       if (p.vector_ok) {
         if (e0 < p.experts) v[c] = __ldg(reinterpret_cast<const uint4*>(row + e0));
       } else {
         uint32_t w[4] = {0, 0, 0, 0};
 #pragma unroll
         for (int i = 0; i < V; ++i) {
-          if (e0 + i < p.experts) {
-            const uint32_t b = scalar_bits(row + e0 + i);
-            if (V == 4)
-              w[i] = b;
-            else
-              w[i >> 1] |= (i & 1) ? (b << 16) : b;
-          }
+          const uint32_t b = e0 + i < p.experts ? scalar_bits(row + e0 + i) : pad;
+          if (V == 4)
+            w[i] = b;
+          else
+            w[i >> 1] |= (i & 1) ? (b << 16) : b;
         }
         v[c] = make_uint4(w[0], w[1], w[2], w[3]);
       }
     }
   }
 };
+
+/// Selection key of a value that is not -0: the order of rm::ordered_key(), NaN as 1 (below every number, above
+/// "none" = 0). Two integer instructions and a select, no branch.
+__device__ __forceinline__ uint32_t selection_key(float s) {
+  const uint32_t u = __float_as_uint(s);
+  const uint32_t o = u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
+  return s != s ? 1u : o;
+}
+
+/// Bits of a column past E: -inf where the values feed a softmax (its row max and sum of exponentials then need no
+/// mask), 0 before a sigmoid (keeps sigmoid_all() on its fast path). Selection keys mask such columns either way.
+template <class In, bool kSigmoid>
+inline constexpr uint32_t kPadBits = kSigmoid ? 0u : (sizeof(In) == 4 ? 0xff800000u : 0xff80u);
 
 /// Expert held in a lane's value j (j = chunk * V + i); j may be a run-time value.
 template <int V>
@@ -208,7 +221,7 @@ __device__ __forceinline__ void st_shared4_if(bool pred, uint32_t addr, uint32_t
 /// values reach the threshold below; returns false, having written nothing to sel, when more do (ties, a few
 /// lanes holding everything), and the caller selects by rounds instead. The threshold is the K-th largest of
 /// the 32 lanes' maxima (a bitonic sort across the lanes): at least K values reach it, so the K best are among
-/// those that do. Those candidates are compacted into `cand` (32 x (key, expert, value) per warp) and each
+/// those that do. Those candidates are compacted into `cand` (32 x (~expert, key, value, -) per warp) and each
 /// candidate's rank is counted against all of them: a fixed number of steps instead of K dependent rounds.
 template <int V, int VPT>
 __device__ __forceinline__ bool select_by_threshold(const uint32_t (&k)[VPT], const float (&v)[VPT], int K, int lane,
@@ -240,20 +253,19 @@ __device__ __forceinline__ bool select_by_threshold(const uint32_t (&k)[VPT], co
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
     const bool c = k[j] >= thr;
-    st_shared4_if(c, base + 16u * static_cast<uint32_t>(at), k[j], static_cast<uint32_t>(expert_of<V>(j, lane)),
+    st_shared4_if(c, base + 16u * static_cast<uint32_t>(at), ~static_cast<uint32_t>(expert_of<V>(j, lane)), k[j],
                   __float_as_uint(v[j]), 0u);
     at += c ? 1 : 0;
   }
   __syncwarp();
   if (lane < total) {
+    // (key, ~expert) as one 64-bit word: larger is selected first, equal keys prefer the lower expert.
     const uint4 mine = cand[lane];
+    const uint64_t order = static_cast<uint64_t>(mine.y) << 32 | mine.x;
     int rank = 0;
-#pragma unroll 2
-    for (int i = 0; i < total; ++i) {
-      const uint2 o = *reinterpret_cast<const uint2*>(cand + i);
-      rank += o.x > mine.x || (o.x == mine.x && o.y < mine.y) ? 1 : 0;
-    }
-    if (rank < K) sel[rank] = make_uint2(mine.y, mine.z);
+#pragma unroll 4
+    for (int i = 0; i < total; ++i) rank += *reinterpret_cast<const uint64_t*>(cand + i) > order ? 1 : 0;
+    if (rank < K) sel[rank] = make_uint2(~mine.x, mine.z);
   }
   return true;
 }
@@ -441,7 +453,7 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
     for (int c = 0; c < NC; ++c) row.v[c] = make_uint4(0, 0, 0, 0);  // dead until reloaded: frees 4 * NC registers
 
   // The value each weight comes from (sigmoid(logit) or the logit), then the selection keys: 0 for columns past
-  // E, NaN as 1 (below every number, above "none").
+  // E, NaN as 1 (below every number, above "none"). The shared bias row holds no -0, so no sum is -0.
   float v[VPT];
   if constexpr (kSigmoid)
     sigmoid_all(x, v);
@@ -461,14 +473,15 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
       b[q + 3] = b4.w;
     }
 #pragma unroll
-    for (int i = 0; i < V; ++i) {
-      const int j = c * V + i;
-      k[j] = expert_of<V>(j, lane) < E ? max(rm::ordered_key(rm::add(v[j], b[i])), 1u) : 0u;
-    }
+    for (int i = 0; i < V; ++i) k[c * V + i] = selection_key(rm::add(v[c * V + i], b[i]));
+  }
+  if (E < 32 * VPT) {  // columns past E (a warp-uniform branch: most shapes fill the instance's capacity)
+#pragma unroll
+    for (int j = 0; j < VPT; ++j) k[j] = expert_of<V>(j, lane) < E ? k[j] : 0u;
   }
   // The row registers are free now: the next row loads while this one is selected, except in the 32-value
   // instances, where keeping both would spill (there it loads once this token is done).
-  if (kEarlyNext && next >= 0) row.load(p, next, lane);
+  if (kEarlyNext && next >= 0) row.load(p, next, lane, kPadBits<In, kSigmoid>);
   if constexpr (kSigmoid) {  // only sigmoid_grouped limits groups
     if (p.grouped) {
       if (p.group_lanes > 0)
@@ -480,21 +493,28 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
 
   // softmax_topk's row max over non-NaN logits and full-row denominator: computed without a branch in every
   // logit-keyed instance, so that its reductions overlap the first offer scan below (other methods ignore them);
-  // in the 32-value instances after the rounds, when the keys' registers are free.
+  // in the 32-value instances after the rounds, when the keys' registers are free. Columns past E hold -inf, so
+  // neither the max (fmaxf skips NaN) nor the sum needs a mask; a NaN logit, or a row max of +-inf, makes the sum
+  // NaN, and only then (uniformly) is it redone with the exact conventions: NaN terms 0, the max's terms 1.
   float row_max = 0.0f, denom = 1.0f;
   auto softmax_stats = [&] {
-    uint32_t om = 0;
+    float lane_max = -__int_as_float(0x7f800000);
 #pragma unroll
-    for (int j = 0; j < VPT; ++j) om = max(om, expert_of<V>(j, lane) < E ? rm::ordered_key(v[j]) : 0u);
-    row_max = from_ordered(__reduce_max_sync(kFullMask, om));
-    if (row_max != row_max) row_max = -__int_as_float(0x7f800000);  // every logit NaN
+    for (int j = 0; j < VPT; ++j) lane_max = fmaxf(lane_max, v[j]);
+    row_max = from_ordered(__reduce_max_sync(kFullMask, rm::ordered_key(lane_max)));  // -inf if every logit NaN
     float s = 0.0f;
 #pragma unroll
-    for (int j = 0; j < VPT; ++j) {
-      const float term = v[j] == row_max ? 1.0f : fast_exp(v[j] - row_max);
-      s += expert_of<V>(j, lane) < E && v[j] == v[j] ? term : 0.0f;
-    }
+    for (int j = 0; j < VPT; ++j) s += fast_exp(v[j] - row_max);
     denom = warp_sum(s);
+    if (denom != denom) {
+      s = 0.0f;
+#pragma unroll
+      for (int j = 0; j < VPT; ++j) {
+        const float term = v[j] == row_max ? 1.0f : fast_exp(v[j] - row_max);
+        s += expert_of<V>(j, lane) < E && v[j] == v[j] ? term : 0.0f;
+      }
+      denom = warp_sum(s);
+    }
   };
   if constexpr (!kSigmoid && VPT <= 16) softmax_stats();
 
@@ -592,7 +612,7 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
     p.topk_ids[base + lane] = E + lane - K;
     p.topk_weights[base + lane] = 1.0f;
   }
-  if (!kEarlyNext && next >= 0) row.load(p, next, lane);
+  if (!kEarlyNext && next >= 0) row.load(p, next, lane, kPadBits<In, kSigmoid>);
   __syncwarp();  // the next token's winners overwrite sel
   return info;
 }
