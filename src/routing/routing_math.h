@@ -66,14 +66,10 @@ MOEKIT_HD float from_bits(uint32_t u) {
 }
 #endif
 
-/// exp(x) in fp32, within 3 ulp of the correctly rounded value, bitwise identical on host and device. Cody-Waite
-/// reduction by ln 2, a degree-6 polynomial on [-ln2/2, ln2/2], then an exact scaling by 2^k. Branch-free (the
-/// special cases are selected at the end), so a warp evaluating several values interleaves them.
-MOEKIT_HD float exp(float x) {
-  const bool nan = x != x, over = x > 88.72283935546875f, under = x < -103.97208404541016f;
-  const float xc = nan ? 0.0f : (over ? 88.72283935546875f : (under ? -103.97208404541016f : x));
-  const float k = round_int(mul(xc, 1.44269502162933349609375f));
-  float r = fma(k, -0.693145751953125f, xc);
+/// e^(x - k ln 2) for k = round(x / ln 2): Cody-Waite reduction by ln 2 and a degree-6 polynomial on
+/// [-ln2/2, ln2/2], the common part of exp() and exp_normal_range().
+MOEKIT_HD float exp_reduced(float x, float k) {
+  float r = fma(k, -0.693145751953125f, x);
   r = fma(k, -1.428606765330187045e-06f, r);
   float p = 1.3888889225e-3f;  // 1/720
   p = fma(p, r, 8.3333337680e-3f);
@@ -81,7 +77,17 @@ MOEKIT_HD float exp(float x) {
   p = fma(p, r, 1.6666667163e-1f);
   p = fma(p, r, 0.5f);
   p = fma(p, r, 1.0f);
-  p = fma(p, r, 1.0f);
+  return fma(p, r, 1.0f);
+}
+
+/// exp(x) in fp32, within 3 ulp of the correctly rounded value, bitwise identical on host and device:
+/// exp_reduced(), then an exact scaling by 2^k. Branch-free (the special cases are selected at the end), so a warp
+/// evaluating several values interleaves them.
+MOEKIT_HD float exp(float x) {
+  const bool nan = x != x, over = x > 88.72283935546875f, under = x < -103.97208404541016f;
+  const float xc = nan ? 0.0f : (over ? 88.72283935546875f : (under ? -103.97208404541016f : x));
+  const float k = round_int(mul(xc, 1.44269502162933349609375f));
+  float p = exp_reduced(xc, k);
   // 2^k as up to three exact power-of-two factors (k may be below the normal range or 128); a factor of 1 is exact.
   int ki = static_cast<int>(k);
   const int low = ki < -126 ? ki + 126 : 0;  // in [-24, -1] when used: 2^low is normal
@@ -92,6 +98,13 @@ MOEKIT_HD float exp(float x) {
   p = mul(p, from_bits(static_cast<uint32_t>(high + 127) << 23));
   const float e = mul(p, from_bits(static_cast<uint32_t>(ki + 127) << 23));
   return nan ? x : (over ? from_bits(0x7f800000u) : (under ? 0.0f : e));
+}
+
+/// exp(x) for x in [-87, 88], where 2^k is a normal number and no special case applies: bit for bit what exp()
+/// returns there (its factors 2^low and 2^high are 1), in half the instructions.
+MOEKIT_HD float exp_normal_range(float x) {
+  const float k = round_int(mul(x, 1.44269502162933349609375f));
+  return mul(exp_reduced(x, k), from_bits(static_cast<uint32_t>(static_cast<int>(k) + 127) << 23));
 }
 
 /// 1 / (1 + exp(-x)), IEEE-rounded division.

@@ -137,6 +137,11 @@ struct RowRegs {
 
   __device__ __forceinline__ void load(const RouteParams& p, int64_t t, int lane, uint32_t pad) {
     const In* row = static_cast<const In*>(p.logits) + t * p.row_stride;
+    if (p.vector_ok && p.experts == 32 * V * NC) {  // a full row: no column past E, no per-vector check
+#pragma unroll
+      for (int c = 0; c < NC; ++c) v[c] = __ldg(reinterpret_cast<const uint4*>(row + (c * 32 + lane) * V));
+      return;
+    }
     const uint32_t pad_word = V == 4 ? pad : pad << 16 | pad;
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
@@ -260,12 +265,12 @@ __device__ __forceinline__ bool select_by_threshold(const uint32_t (&k)[VPT], co
   __syncwarp();
   if (lane < total) {
     // (key, ~expert) as one 64-bit word: larger is selected first, equal keys prefer the lower expert.
-    const uint4 mine = cand[lane];
-    const uint64_t order = static_cast<uint64_t>(mine.y) << 32 | mine.x;
+    const uint4 me = cand[lane];
+    const uint64_t order = static_cast<uint64_t>(me.y) << 32 | me.x;
     int rank = 0;
 #pragma unroll 4
     for (int i = 0; i < total; ++i) rank += *reinterpret_cast<const uint64_t*>(cand + i) > order ? 1 : 0;
-    if (rank < K) sel[rank] = make_uint2(~mine.x, mine.z);
+    if (rank < K) sel[rank] = make_uint2(~me.x, me.z);
   }
   return true;
 }
@@ -287,9 +292,10 @@ __device__ __forceinline__ float recip_in_range(float d) {
   return __fmaf_rn(r, __fmaf_rn(-d, r, 1.0f), r);
 }
 
-/// rm::sigmoid(x) for x >= -69 (then 1 + exp(-x) <= 1 + 9.3e29 < 2^100), bit for bit.
+/// rm::sigmoid(x) for x >= -69 (then 1 + exp(-x) <= 1 + 9.3e29 < 2^100), bit for bit. exp's argument is clamped
+/// at -80 into exp_normal_range(): for x > 80, exp(-x) < 2^-115 and 1 + exp(-x) rounds to 1 either way.
 __device__ __forceinline__ float sigmoid_in_range(float x) {
-  return recip_in_range(rm::add(1.0f, rm::exp(-x)));
+  return recip_in_range(rm::add(1.0f, rm::exp_normal_range(fmaxf(-x, -80.0f))));
 }
 
 /// s[j] = rm::sigmoid(x[j]) for every j, bit for bit: the exps and the reciprocals of all values interleave; the
