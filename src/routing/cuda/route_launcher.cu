@@ -69,10 +69,15 @@ const KernelEntry& pick_kernel(DType dtype, int experts, bool sigmoid) {
 }
 
 // Per (kernel, device): the dynamic shared-memory limit is raised once to the largest layout any shape needs (a
-// per-shape value would be undone by the next shape); per (kernel, device, bytes): the co-resident CTA count.
-int max_coresident_ctas(const KernelEntry& k, int smem_bytes, int device) {
+// per-shape value would be undone by the next shape); per (kernel, device, bytes): the co-resident CTA count and the
+// SM count.
+struct GridLimits {
+  int ctas = 1;  // co-resident CTAs (the cooperative launch's bound)
+  int sms = 1;
+};
+GridLimits grid_limits(const KernelEntry& k, int smem_bytes, int device) {
   static std::mutex mu;
-  static std::map<std::tuple<KernelFn, int, int>, int> cache;
+  static std::map<std::tuple<KernelFn, int, int>, GridLimits> cache;
   std::lock_guard<std::mutex> lock(mu);
   const auto key = std::make_tuple(k.fn, device, smem_bytes);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
@@ -81,25 +86,27 @@ int max_coresident_ctas(const KernelEntry& k, int smem_bytes, int device) {
     const int largest = SmemLayout::make(kMaxExperts, kMaxExperts + kMaxSlots, true, router::kInfoCap).total;
     check(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, largest),
           "cudaFuncSetAttribute(route_fused_kernel)");
-    cache.emplace(attr_key, largest);
+    cache.emplace(attr_key, GridLimits{});
   }
   int per_sm = 0, sms = 0;
   check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, router::kThreads, smem_bytes),
         "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  const int ctas = std::min(router::kMaxCtas, std::max(1, per_sm * sms));
-  cache.emplace(key, ctas);
-  return ctas;
+  const GridLimits limits{std::min(router::kMaxCtas, std::max(1, per_sm * sms)), std::max(1, sms)};
+  cache.emplace(key, limits);
+  return limits;
 }
 
-// Grid heuristic (docs/benchmarks.md "## Router" has the sweep it was checked against on the H200).
-// Measured on the H200: sigmoid_grouped E=256 K=8: T=32 on 1/2/4/16 CTAs 23.4/19.6/18.5/18.3 us; T=64 on 4/16/64
-// CTAs 20.9/19.7/20.0 us; T=1024 on 64/128/256 CTAs 20.8/20.6/21.4 us. softmax_topk E=512 K=10: T=8 on 1/2 CTAs
-// 11.0/13.1 us; T=128 on 8/32/64/128 CTAs 15.5/15.1/15.1/16.6 us; T=512 on 32/64/128 CTAs 15.4/14.9/16.4 us.
+// Grid heuristic: one CTA while every warp has at most one token; then 4 tokens per CTA up to T = 128, 8 up to 512
+// and 16 above, at most one CTA per SM while that leaves at most 64 tokens per CTA, and up to the co-resident grid
+// beyond (two CTAs per SM where the kernel fits twice). Sweep on the H200 (thirteenth session, kernel us, cold L2):
+// seed6 K10 T = 1024 on 64 / 128 CTAs 11.87 / 13.15; dsv3 T = 2048 on 128 / 256 CTAs 12.35 / 14.91, T = 4096
+// 15.26 / 17.28, T = 8192 on 131 / 256 21.02 / 22.21, T = 16384 on 132 / 261 32.64 / 32.29; E = 128 K = 8 T = 2048
+// on 128 / 256 9.60 / 11.71, T = 16384 on 132 / 261 25.31 / 21.76; dsv3 T = 512 on 32 / 64 10.59 / 9.95.
 constexpr int64_t kSingleCtaTokens = router::kWarps;
-constexpr int64_t kSmallGridTokens = 128;
-constexpr int64_t kTokensPerCtaSmall = 4, kTokensPerCtaLarge = 8;
-constexpr int64_t kMaxGridCtas = 1 << 20;  // no bound of its own: the co-resident limit decides
+constexpr int64_t kSmallGridTokens = 128, kMidGridTokens = 512;
+constexpr int64_t kTokensPerCtaSmall = 4, kTokensPerCtaMid = 8, kTokensPerCtaLarge = 16;
+constexpr int64_t kTokensPerCtaBeforeSecondOnSm = 64;
 
 RouteCudaTuning g_tuning;
 int g_last_ctas = 0;
@@ -176,25 +183,29 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   const bool shared_groups = p.grouped && p.group_lanes == 0;
   int device = 0;
   check(cudaGetDevice(&device), "cudaGetDevice");
-  // Grid: one CTA while every warp has at most one token (no grid barrier, no cross-CTA scan); above, a few tokens
-  // per CTA up to the co-resident grid: fewer busy warps per SM shorten each token's latency (the per-token path
-  // is a dependent chain stalled on instruction fetch and fixed latencies, not on issue).
-  const int64_t per_cta = T <= kSmallGridTokens ? kTokensPerCtaSmall : kTokensPerCtaLarge;
+  // Grid (see the heuristic's constants): one CTA while every warp has at most one token (no grid barrier, no
+  // cross-CTA scan); above, a few tokens per CTA: fewer busy warps per SM shorten each token's latency (the per-token
+  // path is a dependent chain stalled on fixed latencies, not on issue). The co-resident bound depends on the shared
+  // memory, which depends on the tokens per CTA: it is taken with the largest layout. A forced grid (tuning) is
+  // bounded by the co-resident grid only.
+  const int64_t per_cta = T <= kSmallGridTokens ? kTokensPerCtaSmall
+                          : T <= kMidGridTokens ? kTokensPerCtaMid
+                                                : kTokensPerCtaLarge;
+  const GridLimits limits =
+      grid_limits(kernel, SmemLayout::make(E, p.groups, shared_groups, router::kInfoCap).total, device);
+  const int one_per_sm = std::min(limits.ctas, limits.sms);
+  const int heuristic_max = T <= kTokensPerCtaBeforeSecondOnSm * limits.sms ? one_per_sm : limits.ctas;
   int ctas =
-      T <= kSingleCtaTokens ? 1 : static_cast<int>(std::min<int64_t>(kMaxGridCtas, (T + per_cta - 1) / per_cta));
+      T <= kSingleCtaTokens ? 1 : static_cast<int>(std::min<int64_t>(heuristic_max, (T + per_cta - 1) / per_cta));
   if (g_tuning.ctas > 0) ctas = g_tuning.ctas;
-  // The co-resident bound depends on the shared memory, which depends on the tokens per CTA: size with the
-  // largest layout first, then settle the grid.
-  const int max_ctas =
-      max_coresident_ctas(kernel, SmemLayout::make(E, p.groups, shared_groups, router::kInfoCap).total, device);
-  ctas = std::max(1, std::min(ctas, max_ctas));
+  ctas = std::max(1, std::min(ctas, limits.ctas));
   p.tokens_per_cta = static_cast<int>((T + ctas - 1) / ctas);
   const int64_t tpc = std::max(p.tokens_per_cta, 1);
   ctas = static_cast<int>(std::max<int64_t>(1, (T + tpc - 1) / tpc));
   p.tokens_per_warp = (p.tokens_per_cta + router::kWarps - 1) / router::kWarps;
   if (p.tokens_per_cta > 65535)  // per-CTA counts and per-warp ranks are uint16
     throw NotSupported("route", "tokens (" + std::to_string(T) +
-                                    ") must be <= " + std::to_string(65535LL * max_ctas) + " on this GPU");
+                                    ") must be <= " + std::to_string(65535LL * limits.ctas) + " on this GPU");
   p.tiny = ctas == 1 && T * p.slots <= 32;
   p.slot_magic = routing_math::division_magic(static_cast<uint32_t>(p.slots));
   p.block_magic = routing_math::division_magic(static_cast<uint32_t>(p.block));
