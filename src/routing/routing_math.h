@@ -101,7 +101,7 @@ MOEKIT_HD float exp(float x) {
 }
 
 /// exp(x) for x in [-87, 88], where 2^k is a normal number and no special case applies: bit for bit what exp()
-/// returns there (its factors 2^low and 2^high are 1), in half the instructions.
+/// returns there (its factors 2^low and 2^high are 1), without the special-case selects and those two products.
 MOEKIT_HD float exp_normal_range(float x) {
   const float k = round_int(mul(x, 1.44269502162933349609375f));
   return mul(exp_reduced(x, k), from_bits(static_cast<uint32_t>(static_cast<int>(k) + 127) << 23));
