@@ -142,11 +142,13 @@ __device__ __forceinline__ void sum_earlier_rows(const uint16_t* rows, int exper
 /// Plan blocks and rows past the extent (`used` rows): no expert, and the padding slot `pad`. Grid-stride over
 /// every thread of the launch (one CTA for a tiny plan).
 __device__ __forceinline__ void clear_past_extent(const RouteParams& p, int used, int pad) {
-  const int B = p.block;
-  const int64_t threads = static_cast<int64_t>(gridDim.x) * kThreads;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
-  for (int64_t b = used / B + first; b < p.capacity / B; b += threads) p.block_experts[b] = -1;
-  for (int64_t r = used + first; r < p.capacity; r += threads) p.sorted_slots[r] = pad;
+  // 32-bit arithmetic, as a 64-bit division is a long subroutine: the launcher's token limit (65535 per CTA, at
+  // most kMaxCtas CTAs, <= 32 slots each) keeps the capacity and every index below (2^31 - the thread count).
+  const int B = p.block, capacity = static_cast<int>(p.capacity);
+  const int threads = static_cast<int>(gridDim.x) * kThreads;
+  const int first = static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x);
+  for (int b = used / B + first; b < capacity / B; b += threads) p.block_experts[b] = -1;
+  for (int r = used + first; r < capacity; r += threads) p.sorted_slots[r] = pad;
 }
 
 /// One non-empty segment of a tiny plan: group, first row, rows used and padded rows.
