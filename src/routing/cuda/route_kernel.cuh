@@ -108,9 +108,12 @@ __device__ __forceinline__ void grid_barrier(uint32_t* bar, uint32_t gen) {
 
 /// Sums the u16 count rows of CTAs [0, blockIdx.x) into out[e] (e < E): 16-byte L2 loads, several rows per thread
 /// in flight, partial sums through `partial` (kThreads * 8 ints).
-__device__ __forceinline__ void sum_earlier_rows(const uint16_t* rows, int experts, int* partial, int* out) {
-  const int e8 = pad8(experts), octets = e8 / 8, groups = kThreads / octets;
-  const int tid = threadIdx.x, o = tid % octets, g = tid / octets;
+/// `octet_magic` is rm::division_magic(pad8(experts) / 8).
+__device__ __forceinline__ void sum_earlier_rows(const uint16_t* rows, int experts, uint32_t octet_magic,
+                                                 int* partial, int* out) {
+  const int e8 = pad8(experts), octets = e8 / 8;
+  const int groups = static_cast<int>(rm::magic_div(kThreads, octet_magic));
+  const int tid = threadIdx.x, g = static_cast<int>(rm::magic_div(tid, octet_magic)), o = tid - g * octets;
   const int n = blockIdx.x;
   if (g < groups) {
     uint32_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -139,6 +142,12 @@ __device__ __forceinline__ void sum_earlier_rows(const uint16_t* rows, int exper
   }
 }
 
+/// n / d for the plan's indices: rm::magic_div() (a multiply-high) when every index is below 2^16
+/// (RouteParams::small_plan), else a division.
+__device__ __forceinline__ int plan_div(const RouteParams& p, int n, int d, uint32_t magic) {
+  return p.small_plan ? static_cast<int>(rm::magic_div(static_cast<uint32_t>(n), magic)) : n / d;
+}
+
 /// Plan blocks and rows past the extent (`used` rows): no expert, and the padding slot `pad`. Grid-stride over
 /// every thread of the launch (one CTA for a tiny plan).
 __device__ __forceinline__ void clear_past_extent(const RouteParams& p, int used, int pad) {
@@ -147,7 +156,8 @@ __device__ __forceinline__ void clear_past_extent(const RouteParams& p, int used
   const int B = p.block, capacity = static_cast<int>(p.capacity);
   const int threads = static_cast<int>(gridDim.x) * kThreads;
   const int first = static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x);
-  for (int b = used / B + first; b < capacity / B; b += threads) p.block_experts[b] = -1;
+  const int end = plan_div(p, capacity, B, p.block_magic);
+  for (int b = plan_div(p, used, B, p.block_magic) + first; b < end; b += threads) p.block_experts[b] = -1;
   for (int r = used + first; r < capacity; r += threads) p.sorted_slots[r] = pad;
 }
 
@@ -222,7 +232,8 @@ __device__ __forceinline__ void tiny_plan(const RouteParams& p, const uint32_t* 
   const int warp = tid >> 5, pad = n;
   for (int i = warp; i < ns; i += kWarps) {
     const TinySegment s = seg[i];
-    for (int b = s.offset / B + lane; b < (s.offset + s.padded) / B; b += 32) p.block_experts[b] = s.group;
+    const int b1 = plan_div(p, s.offset + s.padded, B, p.block_magic);
+    for (int b = plan_div(p, s.offset, B, p.block_magic) + lane; b < b1; b += 32) p.block_experts[b] = s.group;
     for (int r = s.offset + s.count + lane; r < s.offset + s.padded; r += 32) p.sorted_slots[r] = pad;
   }
   clear_past_extent(p, used, pad);
@@ -263,7 +274,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   const uint32_t gen = nb > 1 ? __ldcg(p.barrier + 1) : 0u;  // stable until every CTA has arrived
 
   // Warps past the CTA's tokens keep empty histograms: only the active ones are zeroed and scanned.
-  const int active_warps = cta_t1 > cta_t0 ? (cta_t1 - cta_t0 + p.tokens_per_warp - 1) / p.tokens_per_warp : 0;
+  const int active_warps =
+      cta_t1 > cta_t0 ? plan_div(p, cta_t1 - cta_t0 + p.tokens_per_warp - 1, p.tokens_per_warp, p.warp_tokens_magic)
+                      : 0;
   for (int i = tid; i < active_warps * e_pad / 2; i += kThreads) reinterpret_cast<uint32_t*>(hist)[i] = 0;
   for (int e = tid; e < bias_words(E); e += kThreads) {
     float b = 0.0f;
@@ -351,7 +364,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
       const int g = g0 + i;
       cnt[i] = g < E ? __ldcg(totals + g) : (g < G ? T : 0);
     }
-    sum_earlier_rows(p.cta_rows, E, reinterpret_cast<int*>(smem + L.scratch), base_s);
+    sum_earlier_rows(p.cta_rows, E, p.octet_magic, reinterpret_cast<int*>(smem + L.scratch), base_s);
   }
   trace_point(p, 4);
 
@@ -360,7 +373,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   const int B = p.block;
   int padded[kGroupsPerThread], off[kGroupsPerThread], used = 0;
 #pragma unroll
-  for (int i = 0; i < kGroupsPerThread; ++i) padded[i] = (cnt[i] + B - 1) / B * B;
+  for (int i = 0; i < kGroupsPerThread; ++i) padded[i] = plan_div(p, cnt[i] + B - 1, B, p.block_magic) * B;
   {
     __shared__ typename BlockScan::TempStorage scan_storage;
     BlockScan(scan_storage).ExclusiveSum(padded, off, used);
@@ -383,20 +396,20 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     if (blockIdx.x == 0) {
       p.expert_offsets[G] = used;
       p.extent[0] = used;
-      p.extent[1] = used / B;
+      p.extent[1] = plan_div(p, used, B, p.block_magic);
     }
   }
   __syncthreads();
   trace_point(p, 5);
   const int s1 = cta_t1 * Kt;
   for (int s = cta_t0 * Kt + tid; s < s1; s += kThreads) {
-    const int t = s / Kt;
+    const int t = plan_div(p, s, Kt, p.slot_magic);
     const int k = s - t * Kt;
     int row_id;
     if (k < K) {
       const uint32_t packed = p.info_words > 0 ? info_s[(t - cta_t0) * K + k] : static_cast<uint32_t>(p.slot_rows[s]);
       const int e = static_cast<int>(packed >> 16);
-      const int w = (t - cta_t0) / p.tokens_per_warp;
+      const int w = plan_div(p, t - cta_t0, p.tokens_per_warp, p.warp_tokens_magic);
       row_id = base_s[e] + hist[w * e_pad + e] + static_cast<int>(packed & 0xffffu);
     } else {
       row_id = offs_s[E + k - K] + t;
@@ -416,7 +429,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     const int g = q * 32 + lane;
     if (g < G && cnt_s[g] > 0) {
       const int begin = offs_s[g], end = offs_s[g + 1];
-      for (int b = begin / B; b < end / B; ++b) p.block_experts[b] = g;
+      const int b1 = plan_div(p, end, B, p.block_magic);
+      for (int b = plan_div(p, begin, B, p.block_magic); b < b1; ++b) p.block_experts[b] = g;
       for (int r = begin + cnt_s[g]; r < end; ++r) p.sorted_slots[r] = pad;
     }
   }

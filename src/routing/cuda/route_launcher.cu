@@ -209,6 +209,9 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   p.tiny = ctas == 1 && T * p.slots <= 32;
   p.slot_magic = routing_math::division_magic(static_cast<uint32_t>(p.slots));
   p.block_magic = routing_math::division_magic(static_cast<uint32_t>(p.block));
+  p.warp_tokens_magic = routing_math::division_magic(static_cast<uint32_t>(std::max(p.tokens_per_warp, 1)));
+  p.small_plan = capacity + p.block < (int64_t{1} << 16);
+  p.octet_magic = routing_math::division_magic(static_cast<uint32_t>(router::pad8(E) / 8));
   const int64_t info = static_cast<int64_t>(p.tokens_per_cta) * p.top_k;
   p.info_words = info <= router::kInfoCap ? static_cast<int>(info) : 0;
   const SmemLayout layout = SmemLayout::make(E, p.groups, shared_groups, p.info_words);

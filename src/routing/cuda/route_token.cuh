@@ -42,6 +42,9 @@ struct RouteParams {
   int info_words = 0;  // > 0: (expert << 16 | rank) of routed slots kept in shared memory [tokens_per_cta, K]
   int tiny = 0;        // one CTA, one token per warp and T * Kt <= 32: the plan is built by tiny_plan()
   uint32_t slot_magic = 0, block_magic = 0;  // rm::division_magic(Kt), rm::division_magic(B)
+  uint32_t warp_tokens_magic = 0;            // rm::division_magic(tokens_per_warp)
+  uint32_t octet_magic = 0;                  // rm::division_magic(pad8(E) / 8)
+  int small_plan = 0;                        // capacity + B < 2^16: plan indices divide by the magics
   int32_t* topk_ids = nullptr;               // [T, Kt]
   float* topk_weights = nullptr;             // [T, Kt]
   int32_t* expert_counts = nullptr;          // [G]
