@@ -112,11 +112,17 @@ MOEKIT_HD float sigmoid(float x) {
   return div(1.0f, add(1.0f, exp(-x)));
 }
 
+/// The bits of a float that is neither NaN nor -0, mapped to an unsigned integer with the float's order: negative
+/// values flip every bit, the others the sign bit.
+MOEKIT_HD uint32_t order_bits(uint32_t u) {
+  return u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
+}
+
 /// Maps a key to an unsigned integer with the same order: NaN lowest (below -inf), -0 equal to +0.
-/// Branch-free: adding +0 turns -0 into +0, then negative keys flip every bit and positive ones the sign bit.
+/// Branch-free: adding +0 turns -0 into +0, then order_bits().
 MOEKIT_HD uint32_t ordered_key(float key) {
   const uint32_t u = bits(add(key, 0.0f));
-  const uint32_t o = u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
+  const uint32_t o = order_bits(u);
   return key != key ? 0u : o;
 }
 

@@ -168,11 +168,10 @@ struct RowRegs {
   }
 };
 
-/// Selection key of a value that is not -0: the order of rm::ordered_key(), NaN as 1 (below every number, above
-/// "none" = 0). Two integer instructions, a compare and a select; no branch.
+/// Selection key of a value that is not -0: rm::ordered_key() without its -0 step, NaN as 1 (below every number,
+/// above "none" = 0). Two integer instructions, a compare and a select; no branch.
 __device__ __forceinline__ uint32_t selection_key(float s) {
-  const uint32_t u = __float_as_uint(s);
-  const uint32_t o = u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
+  const uint32_t o = rm::order_bits(__float_as_uint(s));
   return s != s ? 1u : o;
 }
 
