@@ -15,6 +15,7 @@
 #include <span>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "moekit/cuda_experts.h"
@@ -361,6 +362,31 @@ TEST(CudaExperts, DecodeShortRows) {
   }
 }
 
+// The decode GEMV without shared experts at a routed load of at most one row per expert, where it takes two rows per
+// pass with one column pair per warp (H = 520, I = 520) and one row with two pairs (I = 200, 136: GEMM2, and GEMM1
+// at H = 264): blocks of one row, of a few (random routing at T = 4: 32 slots on 32 experts) and of every token (one
+// hot expert), which take several passes.
+TEST(CudaExperts, DecodeRoutedOnly) {
+  MOEKIT_REQUIRE_SM90();
+  uint32_t salt = 360;
+  const std::pair<int64_t, int64_t> sizes[] = {{520, 520}, {520, 200}, {264, 136}};
+  for (const auto& [h, in] : sizes) {
+    for (int64_t t : {1, 2, 4}) {
+      for (Routing r : {Routing::random, Routing::one_hot}) {
+        Case c;
+        c.cfg = reduced(find_preset("qwen3-30b-a3b").experts);  // E = 32, K = 8, S = 0
+        c.cfg.hidden = h;
+        c.cfg.intermediate = in;
+        c.tokens = t;
+        c.routing = r;
+        c.b13 = c.b2 = t == 2;
+        c.tactic = {0, 0};
+        check_case(c, salt++);
+      }
+    }
+  }
+}
+
 // Biases only 4-byte aligned (the kernels fall back from 16-byte loads), on the decode and the grouped path.
 TEST(CudaExperts, MisalignedBiases) {
   MOEKIT_REQUIRE_SM90();
@@ -539,12 +565,22 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
     const char* tactic;  // both GEMMs
   };
   const Pick picks[] = {
-      // Decode: up to 4 tokens at ~1 routed row per expert.
+      // Decode without shared experts: at most 3/4 of a routed row per expert (4 T K <= 3 E).
       {"mixtral-8x7b", 1, gemv},
-      {"qwen3-30b-a3b", 4, gemv},
-      {"deepseek-v3", 4, gemv},
+      {"mixtral-8x7b", 3, gemv},
+      {"qwen3-30b-a3b", 12, gemv},
+      {"qwen3-30b-a3b", 13, small},
       {"qwen3-next-80b", 1, gemv},
-      {"gpt-oss-120b", 5, small},  // 5 tokens: past the GEMV's token bound
+      {"qwen3-next-80b", 38, gemv},
+      {"qwen3-next-80b", 39, small},
+      {"gpt-oss-120b", 24, gemv},
+      {"gpt-oss-120b", 25, small},
+      // With or without shared experts: up to 4 tokens at ~1 routed row per expert.
+      {"mixtral-8x7b", 4, gemv},   // a load of 1, 1 row per active expert
+      {"mixtral-8x7b", 5, small},  // 2 rows
+      {"deepseek-v3", 4, gemv},
+      {"deepseek-v3", 5, small},  // past the token bound: the shared expert holds T rows
+      {"deepseek-v3", 16, small},
       // A few large experts (mixtral): 64x256 below 64 routed rows per expert, 128x256 from 64.
       {"mixtral-8x7b", 16, small},
       {"mixtral-8x7b", 256, large},  // 64 rows

@@ -43,24 +43,30 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
     nullptr, nullptr, nullptr, nullptr, &detail::sm90_grouped_gemm_gated_pingpong_64x256x64};
 
 // Default heuristic, first matching rule. Keys: the rows a routed expert is expected to get (the average over
-// active routed experts, ceil(T*K / min(E, T*K))), T, the size of one expert's GEMM1 weights (2I x H) and the
-// number of routed experts. Fitted to the H200 sweeps in docs/benchmarks.md: the GEMV wins for up to 4 tokens at ~1
-// row per expert (at T = 8-16 the pingpong GEMMs are 1.2-1.6x faster); 128x256 cooperative tiles win from 64 rows
-// per expert on a few large experts (mixtral T = 256: 1.07x over 64x256) and above 256 rows on the others (gpt-oss
-// at 512 rows: 1.14x over 64x256; deepseek-v3 at 256 rows: within 0.4%); 64x256 pingpong tiles below that (mixtral T
-// = 16-64: 1.03-1.06x over 64x128; qwen3-next T = 1024-4096: 1.04-1.10x, qwen3 and gpt-oss T = 4096: 1.02x,
-// deepseek-v3 at 64-128 rows with every expert routed: 1.03-1.04x over 128x256).
+// active routed experts, ceil(T*K / min(E, T*K))), T, the size of one expert's GEMM1 weights (2I x H), the number
+// of routed experts, the routed load 4 T K / E (routed rows per expert, in quarters) and the number of shared
+// experts. Fitted to the H200 sweeps in docs/benchmarks.md: the GEMV wins while at most 3/4 of a routed row falls on
+// each expert without shared experts (qwen3 T = 8 / 12: 0.91 / 0.88 of the floor against 0.77 / 0.82 for 64x256;
+// gpt-oss T = 16 / 24: 1.07 / 1.03 against 0.97 / 1.00; qwen3-next T = 32: 1.00 against 0.94; a tie at a load of
+// 3/4-1, 64x256 ahead from 1 on: "Fourteenth session"), and with shared experts (each of which holds T rows) for up
+// to 4 tokens at ~1 row per expert (deepseek-v3 T = 8 / 16: 64x256 1.02x / 1.10x faster than the GEMV); 128x256
+// cooperative tiles win from 64 rows per expert on a few large experts (mixtral T = 256: 1.07x over 64x256) and above
+// 256 rows on the others (gpt-oss at 512 rows: 1.14x over 64x256; deepseek-v3 at 256 rows: within 0.4%); 64x256
+// pingpong tiles below that (mixtral T = 16-64: 1.03-1.06x over 64x128; qwen3-next T = 1024-4096: 1.04-1.10x, qwen3
+// and gpt-oss T = 4096: 1.02x, deepseek-v3 at 64-128 rows with every expert routed: 1.03-1.04x over 128x256).
+constexpr int64_t kAny = INT64_MAX;
 struct HeuristicRule {
-  int64_t min_rows, max_rows, max_tokens, min_weights, max_experts;
+  int64_t min_rows = 0, max_rows = kAny, max_tokens = kAny, min_weights = 0, max_experts = kAny;
+  int64_t max_load4 = kAny, max_shared = kAny;
   int gemm1, gemm2;
 };
 constexpr int64_t kLargeExpert = int64_t{24} << 20;  // 2I x H elements
-constexpr int64_t kAny = INT64_MAX;
-constexpr std::array<HeuristicRule, 4> kHeuristic{{
-    {0, 1, 4, 0, kAny, 0, 0},
-    {64, kAny, kAny, kLargeExpert, 64, 3, 3},
-    {0, 256, kAny, 0, kAny, 4, 4},
-    {0, kAny, kAny, 0, kAny, 3, 3},
+constexpr std::array<HeuristicRule, 5> kHeuristic{{
+    {.max_load4 = 3, .max_shared = 0, .gemm1 = 0, .gemm2 = 0},
+    {.max_rows = 1, .max_tokens = 4, .gemm1 = 0, .gemm2 = 0},
+    {.min_rows = 64, .min_weights = kLargeExpert, .max_experts = 64, .gemm1 = 3, .gemm2 = 3},
+    {.max_rows = 256, .gemm1 = 4, .gemm2 = 4},
+    {.gemm1 = 3, .gemm2 = 3},
 }};
 
 constexpr int64_t kAlign = 256;
@@ -240,9 +246,10 @@ ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens) {
   const int64_t active = std::min<int64_t>(c.num_experts, routed);
   const int64_t rows = (routed + active - 1) / active;
   const int64_t weights = int64_t{2} * c.intermediate * c.hidden;
+  auto load_at_most = [&](int64_t quarters) { return quarters == kAny || 4 * routed <= quarters * c.num_experts; };
   for (const HeuristicRule& r : kHeuristic)
     if (rows >= r.min_rows && rows <= r.max_rows && t <= r.max_tokens && weights >= r.min_weights &&
-        c.num_experts <= r.max_experts)
+        c.num_experts <= r.max_experts && load_at_most(r.max_load4) && c.num_shared_experts <= r.max_shared)
       return {r.gemm1, r.gemm2};
   return {kHeuristic.back().gemm1, kHeuristic.back().gemm2};
 }

@@ -5,11 +5,11 @@
 // expert (segments are padded to B), so the block's entry of block_experts gives the expert (-1 past the extent) and
 // its rows; blocks of padding and of other ranks exit. A CTA lives only a few DRAM latencies, so its prologue is on
 // the critical path: the first k-step's weights are requested as soon as the expert is known, before the rows are
-// looked up (GEMM2: before it waits for GEMM1). kRows is picked from min(T, B), the most rows a block can hold: with
-// one row per block the kernel needs no accumulators for eight, fits six CTAs (24 warps) per SM and keeps more weight
-// loads in flight. CTAs are small (4 warps) so that the kernels with more rows, whose registers allow 16-20 warps per
-// SM, are not held to two 8-warp CTAs, and the last wave is finer (H200, docs/benchmarks.md: 1.06-1.13x at T = 4;
-// slower: 8 loads per row at two CTAs per SM, and 32 warps per SM, which spill).
+// looked up (GEMM2: before it waits for GEMM1). kRows is picked by gemv_rows_per_pass(): the kernels with one or two
+// rows need no accumulators for eight, fit six CTAs (24 warps) per SM and keep more weight loads in flight. CTAs are
+// small (4 warps) so that the kernels with more rows, whose registers allow 16-20 warps per SM, are not held to two
+// 8-warp CTAs, and the last wave is finer (H200, docs/benchmarks.md: 1.06-1.13x at T = 4; slower: 8 loads per row at
+// two CTAs per SM, and 32 warps per SM, which spill).
 #include <cuda_runtime.h>
 
 #include <array>
@@ -47,8 +47,13 @@ __device__ __forceinline__ void dot8(float& acc, const uint4& w, const uint4& x)
 // would leave half of the warp's load slots empty) take two pairs, so a warp keeps the same bytes in flight and the
 // grid needs half the CTAs (H200: qwen3-next's GEMM2 1.03-1.05x at T = 1-4; two pairs of three slots for k = 768,
 // qwen3's GEMM2, were slower).
+// The kernels that fit six CTAs (24 warps) per SM without spilling (80 registers or fewer; nvcc -Xptxas -v: one row
+// 76 / 80 registers with one / two column pairs, two rows and one pair 80, two rows and two pairs 104).
+template <int kRows, int kPairs>
+constexpr bool kSixPerSm = kRows == 1 || (kRows == 2 && kPairs == 1);
+
 template <int kRows, int kPairs>  // rows per pass over the weights; column pairs per warp
-__global__ void __launch_bounds__(kWarps * 32, kRows == 1 ? 6 : 1) expert_gemv_kernel(GemvParams p) {
+__global__ void __launch_bounds__(kWarps * 32, kSixPerSm<kRows, kPairs> ? 6 : 1) expert_gemv_kernel(GemvParams p) {
   constexpr int kSlots = kDepth / kPairs;  // 16-byte loads per lane, weight row and k-step
   constexpr int kPairStep = 32 * 8 * kSlots;
   // GEMM1 needs the router's plan at once: it waits, then lets GEMM2 launch. GEMM2 reads the plan (complete before
@@ -183,18 +188,30 @@ constexpr std::array<GemvEntry, 8> kGemvKernels{{
     {8, 2, expert_gemv_kernel<8, 2>},
 }};
 
+// Rows per pass. Without shared experts and with at most one routed row per expert on average (T K <= E), most
+// blocks hold one or two rows: the kernel with the most rows that still runs six CTAs per SM takes them in one pass,
+// and the rarer larger block in a few passes whose weights come back from L2 (H200, docs/benchmarks.md, "Fourteenth
+// session": qwen3 at T = 8 / 16 0.91 / 0.88 of the floor with two rows per pass, 0.89 / 0.85 with one, 0.76 / 0.80
+// with min(T, B)). Otherwise a block may hold min(T, B) rows (a shared expert's block does): the fewest rows per
+// pass that cover them.
+int gemv_rows_per_pass(const GemvParams& p, int pairs_per_warp) {
+  const int64_t shared = p.plan.groups - p.map.num_experts, top_k = p.plan.slots - shared;
+  if (shared == 0 && p.plan.tokens * top_k <= p.map.num_experts) return pairs_per_warp == 1 ? 2 : 1;
+  return static_cast<int>(p.plan.tokens < p.plan.block ? p.plan.tokens : p.plan.block);
+}
+
 }  // namespace
 
 void launch_gemv(const GemvParams& p, Stream stream) {
   const int64_t blocks = p.plan.capacity / p.plan.block;
   if (blocks == 0) return;
-  const int64_t max_rows = p.plan.tokens < p.plan.block ? p.plan.tokens : p.plan.block;
   const int pairs_per_warp = p.k <= kShortK ? 2 : 1;
+  const int rows = gemv_rows_per_pass(p, pairs_per_warp);
   const GemvEntry* pick = nullptr;
   for (const GemvEntry& e : kGemvKernels) {
     if (e.pairs != pairs_per_warp) continue;
-    pick = &e;                      // the most rows so far
-    if (max_rows <= e.rows) break;  // the fewest rows that hold min(T, B)
+    pick = &e;                  // the most rows so far
+    if (rows <= e.rows) break;  // the fewest rows that hold `rows`
   }
   const int pairs = p.gated ? p.n_out : p.n_out / 2;
   const int per_cta = kWarps * pairs_per_warp;
