@@ -107,7 +107,8 @@ const std::vector<Tactic>& expert_tactics() {
           t.kind == GemmKernelKind::grouped
               ? fmt::format("CUTLASS sm90 grouped GEMM, {}x{}x{} CTA tile", t.tile_m, t.tile_n, t.tile_k)
               : fmt::format(
-                    "memory-bound decode GEMV, {} rows per pass, {} weight rows per CTA ({} for rows of <= 512)",
+                    "memory-bound decode GEMV, up to {} rows per pass, {} weight rows per CTA ({} for rows of <= "
+                    "512)",
                     t.tile_m, t.tile_n, 2 * t.tile_n);
       out.push_back({std::string(t.name), std::move(what)});
     }
