@@ -188,16 +188,18 @@ constexpr std::array<GemvEntry, 8> kGemvKernels{{
     {8, 2, expert_gemv_kernel<8, 2>},
 }};
 
-// Rows per pass. Without shared experts and with at most one routed row per expert on average (T K <= E), most
-// blocks hold one or two rows: the kernel with the most rows that still runs six CTAs per SM takes them in one pass,
-// and the rarer larger block in a few passes whose weights come back from L2 (H200, docs/benchmarks.md, "Fourteenth
-// session": qwen3 at T = 8 / 16 0.91 / 0.88 of the floor with two rows per pass, 0.89 / 0.85 with one, 0.76 / 0.80
-// with min(T, B)). Otherwise a block may hold min(T, B) rows (a shared expert's block does): the fewest rows per
-// pass that cover them.
+// Rows per pass; no block holds more than min(T, B) rows. Without shared experts and with at most one routed row per
+// expert on average (T K <= E), most blocks hold one or two rows: the kernel with the most rows (up to that bound)
+// that still runs six CTAs per SM takes them in one pass, and the rarer larger block in a few passes whose weights
+// come back from L2 (H200, docs/benchmarks.md, "Fourteenth session": qwen3 at T = 8 / 16 0.91-0.92 / 0.87-0.89 of
+// the floor with two rows per pass, 0.88-0.89 / 0.82-0.85 with one, 0.82-0.83 / 0.79-0.80 with four). Otherwise a
+// block may hold min(T, B) rows (a shared expert's block does): the fewest rows per pass that cover them.
 int gemv_rows_per_pass(const GemvParams& p, int pairs_per_warp) {
   const int64_t shared = p.plan.groups - p.map.num_experts, top_k = p.plan.slots - shared;
-  if (shared == 0 && p.plan.tokens * top_k <= p.map.num_experts) return pairs_per_warp == 1 ? 2 : 1;
-  return static_cast<int>(p.plan.tokens < p.plan.block ? p.plan.tokens : p.plan.block);
+  const int most = static_cast<int>(p.plan.tokens < p.plan.block ? p.plan.tokens : p.plan.block);
+  if (shared == 0 && p.plan.tokens * top_k <= p.map.num_experts)
+    return most < 2 ? most : (pairs_per_warp == 1 ? 2 : 1);
+  return most;
 }
 
 }  // namespace
