@@ -17,6 +17,7 @@ struct FakeRunnerConfig {
   int n1 = 3;  // GEMM1 tactics g1_0, g1_1, ...
   int n2 = 3;  // GEMM2 tactics g2_0, ...
   TacticPair default_pair{0, 0};
+  std::function<TacticPair(int64_t)> default_for;  // set: the default pair for T (else default_pair for every T)
   std::function<double(TacticPair)> cost = [](TacticPair p) { return 1.0 + p.gemm1 + p.gemm2; };
   std::string decline;  // non-empty: check_support() says no with this reason
 };
@@ -64,7 +65,9 @@ class FakeRunner final : public Runner {
     timed_tokens.push_back(tokens);
     return cfg_.cost(t);
   }
-  TacticPair do_default_tactics(int64_t) const override { return cfg_.default_pair; }
+  TacticPair do_default_tactics(int64_t tokens) const override {
+    return cfg_.default_for ? cfg_.default_for(tokens) : cfg_.default_pair;
+  }
 
  private:
   FakeRunnerConfig cfg_;

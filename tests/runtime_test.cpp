@@ -396,6 +396,38 @@ TEST(MoELayerTactics, ForwardRunsTheDefaultOutsideATuningScopeAndTunesInsideOne)
   EXPECT_EQ(layer.max_tokens(), 64);
 }
 
+// Without a cache entry the layer runs the runner's default for T itself, which may differ inside one bucket (T = 9
+// and 13 share bucket 16); a tuned bucket runs its winner for every T.
+TEST(MoELayerTactics, UntunedBucketsRunTheDefaultForEachTokenCount) {
+  constexpr const char* kName = "fake_layer_by_tokens";
+  register_runner({kName, 0, [] {
+                     return std::make_unique<FakeRunner>(
+                         FakeRunnerConfig{.name = kName, .default_for = [](int64_t t) {
+                                            return TacticPair{t <= 12 ? 0 : 1, 2};
+                                          }});
+                   }});
+  const LayerSpec spec = small_spec();
+  HostWeights w(spec);
+  Autotuner tuner(CacheMetadata{"0.1.0", "Test GPU", 1, 0});
+  MoELayer layer(spec.experts, spec.routing, spec.quant, w.views,
+                 {.backends = {kName}, .max_tokens = 64, .tuner = &tuner});
+  auto run = [&](int64_t t) {
+    HostInputs x(spec, t);
+    layer.forward(x.views.hidden, x.views.logits, x.views.out);
+    return TacticPair{static_cast<int>(x.out[0]), static_cast<int>(x.out[1])};
+  };
+  EXPECT_EQ(run(9), (TacticPair{0, 2}));
+  EXPECT_EQ(run(13), (TacticPair{1, 2}));  // same bucket, memoized as untuned: still the default for 13
+  EXPECT_EQ(run(12), (TacticPair{0, 2}));
+  EXPECT_EQ(layer.choice(13).tactics, (TacticPair{1, 2}));
+  EXPECT_FALSE(layer.choice(13).tuned);
+  tuner.insert(tuning_key(layer.runner(), spec, 16), {"g1_2", "g2_1", {"g1_2"}, {"g2_1"}, 1.0, 2.0, 16});
+  EXPECT_EQ(run(9), (TacticPair{2, 1}));
+  EXPECT_EQ(run(13), (TacticPair{2, 1}));
+  EXPECT_TRUE(layer.choice(9).tuned);
+  EXPECT_EQ(run(5), (TacticPair{0, 2}));  // bucket 8 has no entry
+}
+
 // ---- MoELayer on the reference runner ---------------------------------------------------------------------------
 
 float bf16_value(uint16_t b) {

@@ -29,22 +29,25 @@ struct MoELayer::State {
     memo_generation = g;
   }
 
+  // A bucket's tuned winner, else the runner's default for this T (the heuristic's thresholds need not fall on bucket
+  // edges; it is a table lookup, no allocation).
   TacticPair pick(int64_t tokens) {
     drop_memo_if_stale();
     const size_t i =
         static_cast<size_t>(std::lower_bound(buckets.begin(), buckets.end(), token_bucket(tokens)) - buckets.begin());
     const TuneOptions* scope = TuningScope::active();
-    // A memoized default is only final outside a tuning scope: inside one, the bucket gets tuned first.
-    if (memo[i] && (memo[i]->tuned || !scope)) return memo[i]->tactics;
-    TacticChoice c = tuner->choose(*runner, spec, tokens);
-    if (!c.tuned && scope) {
-      const int64_t request[] = {tokens};
-      tuner->tune(*runner, spec, request, *scope);
-      c = tuner->choose(*runner, spec, tokens);
-      drop_memo_if_stale();
+    // A memoized "not tuned" is only final outside a tuning scope: inside one, the bucket gets tuned first.
+    if (!memo[i] || (!memo[i]->tuned && scope)) {
+      TacticChoice c = tuner->choose(*runner, spec, tokens);
+      if (!c.tuned && scope) {
+        const int64_t request[] = {tokens};
+        tuner->tune(*runner, spec, request, *scope);
+        c = tuner->choose(*runner, spec, tokens);
+        drop_memo_if_stale();
+      }
+      memo[i] = c;
     }
-    memo[i] = c;
-    return c.tactics;
+    return memo[i]->tuned ? memo[i]->tactics : runner->default_tactics(tokens);
   }
 };
 

@@ -117,7 +117,7 @@ TacticChoice Autotuner::choose(const Runner& runner, const LayerSpec& spec, int6
     if (it != cache_.end())
       if (std::optional<Resolved> r = resolve(runner, it->second.entry)) return {r->best, true};
   }
-  return {runner.default_tactics(token_bucket(tokens)), false};
+  return {runner.default_tactics(tokens), false};
 }
 
 std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, std::span<const int64_t> tokens,
