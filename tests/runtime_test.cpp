@@ -396,8 +396,9 @@ TEST(MoELayerTactics, ForwardRunsTheDefaultOutsideATuningScopeAndTunesInsideOne)
   EXPECT_EQ(layer.max_tokens(), 64);
 }
 
-// Without a cache entry the layer runs the runner's default for T itself, which may differ inside one bucket (T = 9
-// and 13 share bucket 16); a tuned bucket runs its winner for every T.
+// Without a cache entry, or with one whose winner is the default where it was timed, the layer runs the runner's
+// default for T itself, which may differ inside one bucket (T = 9 and 13 share bucket 16); a bucket whose winner is
+// another pair runs that winner for every T.
 TEST(MoELayerTactics, UntunedBucketsRunTheDefaultForEachTokenCount) {
   constexpr const char* kName = "fake_layer_by_tokens";
   register_runner({kName, 0, [] {
@@ -421,6 +422,12 @@ TEST(MoELayerTactics, UntunedBucketsRunTheDefaultForEachTokenCount) {
   EXPECT_EQ(run(12), (TacticPair{0, 2}));
   EXPECT_EQ(layer.choice(13).tactics, (TacticPair{1, 2}));
   EXPECT_FALSE(layer.choice(13).tuned);
+  // An entry whose winner is the default where it was timed (T = 16) confirms the heuristic: still per T.
+  tuner.insert(tuning_key(layer.runner(), spec, 16), {"g1_1", "g2_2", {"g1_1"}, {"g2_2"}, 1.0, 1.0, 16});
+  EXPECT_EQ(run(9), (TacticPair{0, 2}));
+  EXPECT_EQ(run(13), (TacticPair{1, 2}));
+  EXPECT_TRUE(layer.choice(9).tuned);
+  EXPECT_TRUE(layer.choice(9).per_token);
   tuner.insert(tuning_key(layer.runner(), spec, 16), {"g1_2", "g2_1", {"g1_2"}, {"g2_1"}, 1.0, 2.0, 16});
   EXPECT_EQ(run(9), (TacticPair{2, 1}));
   EXPECT_EQ(run(13), (TacticPair{2, 1}));

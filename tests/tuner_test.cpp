@@ -286,8 +286,52 @@ TEST(StagedTuning, DefaultHeuristicWithoutAnEntryAndTheWinnerAfterTuning) {
   tuner.tune(*r, small_spec(), tokens);
   c = tuner.choose(*r, small_spec(), 33);  // same bucket (64)
   EXPECT_TRUE(c.tuned);
+  EXPECT_FALSE(c.per_token);  // the winner is not the default: it holds for the whole bucket
   EXPECT_EQ(c.tactics, (TacticPair{0, 0}));
   EXPECT_FALSE(tuner.choose(*r, small_spec(), 65).tuned);  // another bucket
+}
+
+// The heuristic switches at T = 40, inside bucket 64. Tuning times the bucket at 64, where the default (0, 0) wins,
+// so the entry confirms the heuristic and every T of the bucket keeps the default for itself.
+TEST(StagedTuning, AWinnerEqualToTheDefaultLeavesTheDefaultForEachTokenCount) {
+  auto r = built_runner({.default_for = [](int64_t t) { return t <= 40 ? TacticPair{1, 1} : TacticPair{0, 0}; }});
+  Autotuner tuner(test_metadata());
+  const int64_t tokens[] = {50};
+  const TuneResult res = tuner.tune(*r, small_spec(), tokens)[0];
+  EXPECT_EQ(res.bucket, 64);
+  EXPECT_EQ(res.best, (TacticPair{0, 0}));
+  for (int64_t t : {33, 40}) {
+    const TacticChoice c = tuner.choose(*r, small_spec(), t);
+    EXPECT_TRUE(c.tuned);
+    EXPECT_TRUE(c.per_token);
+    EXPECT_EQ(c.tactics, (TacticPair{1, 1})) << "T = " << t;
+  }
+  EXPECT_EQ(tuner.choose(*r, small_spec(), 41).tactics, (TacticPair{0, 0}));
+  // An entry whose winner is another pair holds for the whole bucket.
+  tuner.insert(tuning_key(*r, small_spec(), 50), {"g1_2", "g2_0", {"g1_2"}, {"g2_0"}, 1.0, 2.0, 64});
+  for (int64_t t : {33, 64}) {
+    const TacticChoice c = tuner.choose(*r, small_spec(), t);
+    EXPECT_FALSE(c.per_token);
+    EXPECT_EQ(c.tactics, (TacticPair{2, 0})) << "T = " << t;
+  }
+}
+
+// The default a bucket is compared with is the one for the token count it is timed at (capped by max_tokens).
+TEST(StagedTuning, ComparesWithTheDefaultAtTheTimedTokenCount) {
+  auto r = built_runner({.default_for =
+                             [](int64_t t) {
+                               return t <= 24 ? TacticPair{1, 1} : TacticPair{0, 0};
+                             }},
+                        /*max_tokens=*/20);
+  Autotuner tuner(test_metadata());
+  const int64_t tokens[] = {20};
+  const TuneResult res = tuner.tune(*r, small_spec(), tokens)[0];
+  EXPECT_EQ(res.bucket, 32);
+  EXPECT_EQ(res.entry.tokens, 20);
+  for (int i = 0; i < 3; ++i) EXPECT_EQ(r->timed[i], (TacticPair{i, 1}));  // stage 1 next to the default's GEMM2
+  EXPECT_EQ(res.entry.default_seconds, 1.0 + 1 + 1);
+  EXPECT_EQ(res.best, (TacticPair{0, 0}));
+  EXPECT_FALSE(tuner.choose(*r, small_spec(), 20).per_token);
 }
 
 TEST(StagedTuning, SkipsCachedBucketsUnlessAskedToRetune) {

@@ -142,9 +142,9 @@ class Runner {
   /// (the tuner's timing callback). Requires build(); 1 <= tokens <= max_tokens(). Synchronizes the device.
   double time_tactics(const TacticPair& tactics, int64_t tokens);
 
-  /// The deterministic pair used when the tuner has no entry for T's bucket, asked for T itself (the tuner's timing
-  /// asks it for the bucket). Allocation-free: MoELayer::forward() calls it on untuned buckets. Requires a successful
-  /// check_support().
+  /// The deterministic pair used when the tuner has no entry for T's bucket, or when the entry's winner is this pair
+  /// at the T the bucket was timed at; asked for T itself (the tuner asks it for the T it times). Allocation-free:
+  /// MoELayer::forward() calls it per call on such buckets. Requires a successful check_support().
   TacticPair default_tactics(int64_t tokens) const;
 
   /// The runner's GEMM1 / GEMM2 tactics for the checked spec (non-empty after a successful check_support()).
@@ -255,8 +255,8 @@ class MoELayer {
 
   /// out [T, H] bf16 = the MoE layer applied to hidden [T, H] bf16 routed by logits [T, E] (+ the layer's bias),
   /// T <= max_tokens; optional replay [R, K] int16 receives the routed ids. Runs the tuner's choice: the cached
-  /// winner of T's bucket, else the runner's default heuristic for T; inside a TuningScope a bucket without an entry
-  /// is tuned first.
+  /// winner of T's bucket, else (no entry, or a winner that is the default where the bucket was timed) the runner's
+  /// default heuristic for T; inside a TuningScope a bucket without an entry is tuned first.
   /// The first call per bucket looks the choice up (host allocation); later calls reuse it until the tuner changes.
   /// Throws InvalidArgument for bad inputs.
   void forward(const TensorView& hidden, const TensorView& logits, const TensorView& out, Stream stream = nullptr,

@@ -2,7 +2,9 @@
 // Staged search: rank GEMM1 tactics alone (with the default GEMM2), GEMM2 tactics alone (with the default GEMM1),
 // keep the top 2 of each, then time the 2x2 pairs end to end: n1 + n2 + 4 timings instead of n1 * n2. Winners live
 // in an in-memory cache and a persisted JSON cache (atomic write under a lock file, merged with what is on disk,
-// invalidated by a metadata mismatch). Without an entry, the runner's deterministic default heuristic picks.
+// invalidated by a metadata mismatch). Without an entry, the runner's deterministic default heuristic picks, for
+// each T; so it does where the winner is the default pair at the T the bucket was timed at (the search confirmed
+// the heuristic, whose thresholds need not fall on bucket edges).
 #pragma once
 
 #include <cstdint>
@@ -78,7 +80,7 @@ struct TuningEntry {
   std::vector<std::string> gemm1_shortlist;
   std::vector<std::string> gemm2_shortlist;
   double seconds = 0;          // the winner's end-to-end time
-  double default_seconds = 0;  // the default heuristic pair's end-to-end time, for comparison
+  double default_seconds = 0;  // the default pair's end-to-end time at `tokens`, for comparison
   int64_t tokens = 0;          // token count that was timed (the bucket, capped at the runner's max_tokens)
   friend bool operator==(const TuningEntry&, const TuningEntry&) = default;
 };
@@ -133,6 +135,10 @@ struct TuneResult {
 struct TacticChoice {
   TacticPair tactics;
   bool tuned = false;  // a valid cache entry (else the runner's default heuristic)
+  // The pair is runner.default_tactics(tokens), which may differ between token counts of one bucket: there is no
+  // entry, or the entry's winner is the default at the token count it was timed at (the tuner confirmed the
+  // heuristic there, so the heuristic's own thresholds, which need not fall on bucket edges, stay in force).
+  bool per_token = true;
 };
 
 /// The tuner and its cache. Thread-safe: every member locks an internal mutex (timing runs outside it, so two
@@ -148,7 +154,9 @@ class Autotuner {
   const CacheMetadata& metadata() const { return metadata_; }
 
   /// The pair to run for `tokens` on this layer: the cached winner of its bucket when the entry's tactic names all
-  /// exist in the runner's lists, else runner.default_tactics(tokens). Never times, never allocates device memory.
+  /// exist in the runner's lists, unless that winner is runner.default_tactics(entry.tokens), the heuristic's own
+  /// pick where the bucket was timed; then, and without a usable entry, runner.default_tactics(tokens). Never times,
+  /// never allocates device memory.
   /// Preconditions: the runner passed check_support(spec). Throws InvalidArgument for tokens out of range.
   TacticChoice choose(const Runner& runner, const LayerSpec& spec, int64_t tokens) const;
 

@@ -29,8 +29,8 @@ struct MoELayer::State {
     memo_generation = g;
   }
 
-  // A bucket's tuned winner, else the runner's default for this T (the heuristic's thresholds need not fall on bucket
-  // edges; it is a table lookup, no allocation).
+  // A bucket's tuned winner, else (no entry, or the entry confirmed the default) the runner's default for this T: the
+  // heuristic's thresholds need not fall on bucket edges; it is a table lookup, no allocation.
   TacticPair pick(int64_t tokens) {
     drop_memo_if_stale();
     const size_t i =
@@ -47,7 +47,7 @@ struct MoELayer::State {
       }
       memo[i] = c;
     }
-    return memo[i]->tuned ? memo[i]->tactics : runner->default_tactics(tokens);
+    return memo[i]->per_token ? runner->default_tactics(tokens) : memo[i]->tactics;
   }
 };
 

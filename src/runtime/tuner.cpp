@@ -115,9 +115,13 @@ TacticChoice Autotuner::choose(const Runner& runner, const LayerSpec& spec, int6
     std::lock_guard lock(mutex_);
     auto it = cache_.find(key);
     if (it != cache_.end())
-      if (std::optional<Resolved> r = resolve(runner, it->second.entry)) return {r->best, true};
+      if (std::optional<Resolved> r = resolve(runner, it->second.entry)) {
+        const int64_t timed = it->second.entry.tokens;
+        const bool confirmed = timed >= 1 && timed <= kMaxTunedTokens && r->best == runner.default_tactics(timed);
+        return {confirmed ? runner.default_tactics(tokens) : r->best, true, confirmed};
+      }
   }
-  return {runner.default_tactics(tokens), false};
+  return {runner.default_tactics(tokens), false, true};
 }
 
 std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, std::span<const int64_t> tokens,
@@ -192,7 +196,7 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
     } else if (job.cached) {  // retime_shortlist: the stored shortlist, rebuilt from names
       TuningEntry& e = r.entry;
       std::optional<double> default_seconds;
-      const TacticPair def = runner.default_tactics(r.bucket);
+      const TacticPair def = runner.default_tactics(at);
       e.seconds = final_stage(job.cached->shortlist1, job.cached->shortlist2, def, default_seconds);
       if (default_seconds) e.default_seconds = *default_seconds;
       e.gemm1 = tactics1[r.best.gemm1].name;
@@ -200,7 +204,7 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
       e.tokens = at;
       insert(r.key, e);
     } else {
-      const TacticPair def = runner.default_tactics(r.bucket);
+      const TacticPair def = runner.default_tactics(at);
       std::optional<double> default_seconds;
       std::vector<double> t1(n1, 0.0), t2(n2, 0.0);
       if (n1 > 1)

@@ -232,7 +232,9 @@ void run_tuned(const BenchMoeCli& o) {
     const TuneResult r = tuner.tune(*gpu, spec, request).front();
     row.tune_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     row.timings = r.timed_configs;
-    const TacticPair def = gpu->default_tactics(row.bucket), best = r.best;
+    // What MoELayer::forward() runs for t without and with the entry (a winner equal to the default where the bucket
+    // was timed leaves the default for t in force).
+    const TacticPair def = gpu->default_tactics(t), best = tuner.choose(*gpu, spec, t).tactics;
     row.default_pair = pair_name(*gpu, def);
     row.tuned_pair = pair_name(*gpu, best);
     const int64_t vt = std::min(t, o.verify_tokens);
