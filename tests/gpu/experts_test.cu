@@ -362,10 +362,11 @@ TEST(CudaExperts, DecodeShortRows) {
   }
 }
 
-// The decode GEMV without shared experts at a routed load of at most one row per expert, where from T = 2 on it takes
-// two rows per pass with one column pair per warp (H = 520, I = 520) and one row with two pairs (I = 200, 136: GEMM2,
-// and GEMM1 at H = 264): blocks of one row, of a few (random routing at T = 4: 32 slots on 32 experts) and of every
-// token (one hot expert), which take several passes.
+// The decode GEMV without shared experts at a routed load of at most one row per expert: at T = 1 the one-row kernels
+// that hold a k-step's x vectors (one column pair per warp at k = 520, two at k = 200, 136, 264); from T = 2 on two
+// rows per pass with one column pair per warp (H = 520, I = 520) and one row with two pairs (I = 200, 136: GEMM2, and
+// GEMM1 at H = 264): blocks of one row, of a few (random routing at T = 4: 32 slots on 32 experts) and of every token
+// (one hot expert), which take several passes.
 TEST(CudaExperts, DecodeRoutedOnly) {
   MOEKIT_REQUIRE_SM90();
   uint32_t salt = 360;

@@ -5,8 +5,9 @@
 // expert (segments are padded to B), so the block's entry of block_experts gives the expert (-1 past the extent) and
 // its rows; blocks of padding and of other ranks exit. A CTA lives only a few DRAM latencies, so its prologue is on
 // the critical path: the first k-step's weights are requested as soon as the expert is known, before the rows are
-// looked up (GEMM2: before it waits for GEMM1). kRows is picked by gemv_rows_per_pass(): the kernels with one or two
-// rows need no accumulators for eight, fit six CTAs (24 warps) per SM and keep more weight loads in flight. CTAs are
+// looked up (GEMM2: before it waits for GEMM1); with one row per pass, the k-step's x vectors are requested right
+// after its weights. kRows is picked by gemv_rows_per_pass(): the kernels with one or two rows need no accumulators
+// for eight, fit five or six CTAs (20-24 warps) per SM and keep more weight loads in flight. CTAs are
 // small (4 warps) so that the kernels with more rows, whose registers allow 16-20 warps per SM, are not held to two
 // 8-warp CTAs, and the last wave is finer (H200, docs/benchmarks.md: 1.06-1.13x at T = 4; slower: 8 loads per row at
 // two CTAs per SM, and 32 warps per SM, which spill).
@@ -47,13 +48,19 @@ __device__ __forceinline__ void dot8(float& acc, const uint4& w, const uint4& x)
 // would leave half of the warp's load slots empty) take two pairs, so a warp keeps the same bytes in flight and the
 // grid needs half the CTAs (H200: qwen3-next's GEMM2 1.03-1.05x at T = 1-4; two pairs of three slots for k = 768,
 // qwen3's GEMM2, were slower).
-// The kernels that fit six CTAs (24 warps) per SM without spilling (80 registers or fewer; nvcc -Xptxas -v: one row
-// 76 / 80 registers with one / two column pairs, two rows and one pair 80, two rows and two pairs 104).
-template <int kRows, int kPairs>
-constexpr bool kSixPerSm = kRows == 1 || (kRows == 2 && kPairs == 1);
+// kHoistX (one row per pass): the step's x vectors are requested together with its weights, before the first FMA.
+// Otherwise each slot's x load waits behind the FMAs of the slot before it, which a block of a single row, whose CTA
+// lives a few latencies, cannot hide (H200, docs/benchmarks.md, "Fifteenth session": 0.91-0.98x at T = 1).
+// CTAs per SM the launch bounds ask for: as many as fit without spilling (nvcc -Xptxas -v). One row with its x
+// vectors held, five (90 / 95 registers with one / two column pairs; at six both spill); one row with two pairs
+// without them, and two rows with one pair, six (80 registers); the rest one.
+template <int kRows, int kPairs, bool kHoistX>
+constexpr int kCtasPerSm = kHoistX ? 5 : (kRows == 1 || (kRows == 2 && kPairs == 1) ? 6 : 1);
 
-template <int kRows, int kPairs>  // rows per pass over the weights; column pairs per warp
-__global__ void __launch_bounds__(kWarps * 32, kSixPerSm<kRows, kPairs> ? 6 : 1) expert_gemv_kernel(GemvParams p) {
+// kRows rows per pass over the weights; kPairs column pairs per warp
+template <int kRows, int kPairs, bool kHoistX>
+__global__ void __launch_bounds__(kWarps * 32, kCtasPerSm<kRows, kPairs, kHoistX>) expert_gemv_kernel(GemvParams p) {
+  static_assert(!kHoistX || kRows == 1);
   constexpr int kSlots = kDepth / kPairs;  // 16-byte loads per lane, weight row and k-step
   constexpr int kPairStep = 32 * 8 * kSlots;
   // GEMM1 needs the router's plan at once: it waits, then lets GEMM2 launch. GEMM2 reads the plan (complete before
@@ -118,6 +125,14 @@ __global__ void __launch_bounds__(kWarps * 32, kSixPerSm<kRows, kPairs> ? 6 : 1)
     for (int k0 = lane * 8; k0 < k; k0 += kPairStep) {
       if (!loaded) load_step(k0);
       loaded = false;
+      uint4 xs[kHoistX ? kSlots : 1];
+      if constexpr (kHoistX) {
+#pragma unroll
+        for (int d = 0; d < kSlots; ++d) {
+          const int kk = k0 + d * 32 * 8;
+          xs[d] = kk < k ? *reinterpret_cast<const uint4*>(xr[0] + kk) : make_uint4(0, 0, 0, 0);
+        }
+      }
 #pragma unroll
       for (int d = 0; d < kSlots; ++d) {
         const int kk = k0 + d * 32 * 8;
@@ -125,7 +140,7 @@ __global__ void __launch_bounds__(kWarps * 32, kSixPerSm<kRows, kPairs> ? 6 : 1)
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
           if (r < nr) {
-            const uint4 xv = *reinterpret_cast<const uint4*>(xr[r] + kk);
+            const uint4 xv = kHoistX ? xs[d] : *reinterpret_cast<const uint4*>(xr[r] + kk);
 #pragma unroll
             for (int j = 0; j < kPairs; ++j) {
               dot8(acc0[j][r], wa[j][d], xv);
@@ -172,20 +187,22 @@ __global__ void __launch_bounds__(kWarps * 32, kSixPerSm<kRows, kPairs> ? 6 : 1)
 
 using GemvKernel = void (*)(GemvParams);
 struct GemvEntry {
-  int rows;   // kRows: picked when min(T, B) <= rows
-  int pairs;  // kPairs: 2 for weight rows of at most kShortK elements, else 1
+  int rows;    // kRows: picked when the rows per pass are at most this
+  int pairs;   // kPairs: 2 for weight rows of at most kShortK elements, else 1
+  bool hoist;  // kHoistX: the one-row kernel for calls whose blocks hold one row each (min(T, B) = 1)
   GemvKernel fn;
 };
 constexpr int kShortK = 32 * 8 * kDepth / 2;
-constexpr std::array<GemvEntry, 8> kGemvKernels{{
-    {1, 1, expert_gemv_kernel<1, 1>},
-    {2, 1, expert_gemv_kernel<2, 1>},
-    {4, 1, expert_gemv_kernel<4, 1>},
-    {8, 1, expert_gemv_kernel<8, 1>},
-    {1, 2, expert_gemv_kernel<1, 2>},
-    {2, 2, expert_gemv_kernel<2, 2>},
-    {4, 2, expert_gemv_kernel<4, 2>},
-    {8, 2, expert_gemv_kernel<8, 2>},
+constexpr std::array<GemvEntry, 9> kGemvKernels{{
+    {1, 1, true, expert_gemv_kernel<1, 1, true>},
+    {2, 1, false, expert_gemv_kernel<2, 1, false>},
+    {4, 1, false, expert_gemv_kernel<4, 1, false>},
+    {8, 1, false, expert_gemv_kernel<8, 1, false>},
+    {1, 2, true, expert_gemv_kernel<1, 2, true>},
+    {1, 2, false, expert_gemv_kernel<1, 2, false>},
+    {2, 2, false, expert_gemv_kernel<2, 2, false>},
+    {4, 2, false, expert_gemv_kernel<4, 2, false>},
+    {8, 2, false, expert_gemv_kernel<8, 2, false>},
 }};
 
 // Rows per pass; no block holds more than min(T, B) rows. Without shared experts and with at most one routed row per
@@ -209,9 +226,12 @@ void launch_gemv(const GemvParams& p, Stream stream) {
   if (blocks == 0) return;
   const int pairs_per_warp = p.k <= kShortK ? 2 : 1;
   const int rows = gemv_rows_per_pass(p, pairs_per_warp);
+  // Blocks of one row run the one-row kernel with its x vectors held (at T > 1 the one-row, two-pair kernel keeps
+  // six CTAs per SM instead: qwen3-next's GEMM2 at T = 16 / 32 ran 1.007 / 1.009x slower held).
+  const bool one_row_blocks = p.plan.tokens == 1 || p.plan.block == 1;
   const GemvEntry* pick = nullptr;
   for (const GemvEntry& e : kGemvKernels) {
-    if (e.pairs != pairs_per_warp) continue;
+    if (e.pairs != pairs_per_warp || (e.rows == 1 && e.hoist != one_row_blocks)) continue;
     pick = &e;                  // the most rows so far
     if (rows <= e.rows) break;  // the fewest rows that hold `rows`
   }
