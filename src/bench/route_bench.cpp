@@ -1,7 +1,7 @@
-// `moekit bench route`: the fused router against the CPU reference, then timed. Per case: `variants` random
-// logits sets on the device; each is routed on the GPU and on the CPU and every plan field compared; then
-// cold-L2 CUPTI kernel time and graph-replay time for each requested grid size, with the logits-read floor
-// (logits bytes / measured copy bandwidth) and the DESIGN §11 goal beside them.
+// `moekit bench route`: the fused router against the CPU reference, then timed. Per case and requested grid size:
+// `variants` random logits sets on the device, each routed on the GPU and on the CPU and every plan field compared;
+// then cold-L2 CUPTI kernel time and graph-replay time, with the logits-read floor (logits bytes / measured copy
+// bandwidth) and the DESIGN §11 goal beside them.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -263,7 +263,6 @@ std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCa
     const int variants = std::max(1, opt.variants);
     const PlanShape shape{T, E, K, c.cfg.num_shared_experts, c.block};
     RoutePlan plan(shape, Device::cuda());
-    RoutePlan ref(shape, Device::cpu());
 
     std::mt19937_64 rng(seed++);
     std::normal_distribution<float> normal(0.0f, 2.0f), small(0.0f, 0.05f);
@@ -277,8 +276,10 @@ std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCa
     DeviceBuffer d_replay(static_cast<size_t>(T * K) * 2);
     const TensorView replay_dev = TensorView::contiguous(d_replay.data(), DType::i16, {T, K}, Device::cuda());
 
+    // Each variant's logits on the device, and its CPU plan and replay record.
     std::vector<std::unique_ptr<DeviceBuffer>> logits;
-    std::string mismatch;
+    std::vector<RoutePlan> refs;
+    std::vector<std::vector<int16_t>> replay_refs;
     for (int v = 0; v < variants; ++v) {
       std::vector<float> x(static_cast<size_t>(elems));
       for (float& f : x) f = normal(rng);
@@ -291,36 +292,42 @@ std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCa
       logits.push_back(std::make_unique<DeviceBuffer>(static_cast<size_t>(elems) * esz));
       check(cudaMemcpy(logits.back()->data(), host, static_cast<size_t>(elems) * esz, cudaMemcpyHostToDevice),
             "cudaMemcpy(logits)");
-      // Verify this variant.
-      check(cudaMemset(plan.view().sorted_slots, 0xa5, shape.capacity() * 4), "poison");
-      route(c.cfg, TensorView::contiguous(logits.back()->data(), c.dtype, {T, E}, Device::cuda()), bias_dev, plan,
-            stream, replay_dev);
-      check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "route");
-      std::vector<int16_t> replay_ref(static_cast<size_t>(T * K));
-      route(c.cfg, TensorView::contiguous(const_cast<void*>(host), c.dtype, {T, E}), bias_host, ref, nullptr,
-            TensorView::contiguous(replay_ref.data(), DType::i16, {T, K}));
-      if (mismatch.empty())
-        mismatch = compare(c, plan.view(), ref.view(), download(static_cast<const int16_t*>(d_replay.data()), T * K),
-                           replay_ref);
+      refs.emplace_back(shape, Device::cpu());
+      replay_refs.emplace_back(static_cast<size_t>(T * K));
+      route(c.cfg, TensorView::contiguous(const_cast<void*>(host), c.dtype, {T, E}), bias_host, refs.back(), nullptr,
+            TensorView::contiguous(replay_refs.back().data(), DType::i16, {T, K}));
     }
+    // The first difference from the reference over the variants, routed with the current launch tuning.
+    auto verify = [&]() -> std::string {
+      for (int v = 0; v < variants; ++v) {
+        check(cudaMemset(plan.view().sorted_slots, 0xa5, shape.capacity() * 4), "poison");
+        route(c.cfg, TensorView::contiguous(logits[static_cast<size_t>(v)]->data(), c.dtype, {T, E}, Device::cuda()),
+              bias_dev, plan, stream, replay_dev);
+        check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "route");
+        const std::string d = compare(c, plan.view(), refs[static_cast<size_t>(v)].view(),
+                                      download(static_cast<const int16_t*>(d_replay.data()), T * K),
+                                      replay_refs[static_cast<size_t>(v)]);
+        if (!d.empty()) return d;
+      }
+      return {};
+    };
 
     for (int grid : grids) {
       RouteResult r;
       r.c = c;
       r.ctas_requested = grid;
-      r.verified = mismatch.empty();
-      r.mismatch = mismatch;
       r.logits_bytes = static_cast<double>(elems * esz);
       r.floor_us = ceilings.copy_bytes_per_s > 0 ? r.logits_bytes / ceilings.copy_bytes_per_s * 1e6 : 0;
       r.goal_us = T <= 1024 ? 4.0 : 20.0;
       detail::set_route_cuda_tuning({grid});
+      r.mismatch = verify();
+      r.verified = r.mismatch.empty();
+      r.ctas = detail::route_cuda_last_ctas();
+      r.tiny_plan = detail::route_cuda_last_tiny_plan();
       const LaunchFn call = [&](int v, Stream s) {
         route(c.cfg, TensorView::contiguous(logits[static_cast<size_t>(v)]->data(), c.dtype, {T, E}, Device::cuda()),
               bias_dev, plan, s, replay_dev);
       };
-      call(0, stream);
-      r.ctas = detail::route_cuda_last_ctas();
-      r.tiny_plan = detail::route_cuda_last_tiny_plan();
       if (!opt.verify_only && r.verified) {
         r.kernel = harness.kernel_time(call, variants, opt.timing);
         r.kernels_per_call = harness.kernels_per_call();
