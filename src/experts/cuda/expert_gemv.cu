@@ -105,9 +105,16 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm<kRows, kPairs, kHoistX
   load_step(lane * 8);  // in flight while the rows are looked up (and, in GEMM2, while GEMM1 finishes)
   bool loaded = true;
 
+  // One token (on the one-row kernels): every segment is one row at the start of its one block, and every x row of
+  // GEMM1 is token 0's, so the x loads need no lookups in the plan (each a dependent L2 or DRAM round trip in front
+  // of them; H200, docs/benchmarks.md, "Sixteenth session": 0.97-0.98x at T = 1 on qwen3 and qwen3-next). The kernels
+  // of more rows do not test for it: in them the untaken branch cost 1.8-1.9% at T = 2 (qwen3, qwen3-next).
+  const bool one_token = kHoistX && p.plan.tokens == 1;
   const int64_t B = p.plan.block, row_begin = block * B;
   const int64_t row_end =
-      min(row_begin + B, static_cast<int64_t>(p.plan.expert_offsets[expert]) + p.plan.expert_counts[expert]);
+      one_token
+          ? row_begin + 1
+          : min(row_begin + B, static_cast<int64_t>(p.plan.expert_offsets[expert]) + p.plan.expert_counts[expert]);
   if (!p.gated) {
     wait_for_predecessor();
     allow_dependents();
@@ -119,7 +126,7 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm<kRows, kPairs, kHoistX
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int64_t row = r0 + min(r, nr - 1);
-      xr[r] = x + (p.gated ? p.plan.sorted_slots[row] / p.plan.slots : row) * k;
+      xr[r] = x + (!p.gated ? row : one_token ? 0 : p.plan.sorted_slots[row] / p.plan.slots) * k;
     }
     float acc0[kPairs][kRows] = {}, acc1[kPairs][kRows] = {};
     for (int k0 = lane * 8; k0 < k; k0 += kPairStep) {
