@@ -366,23 +366,28 @@ TEST(CudaExperts, DecodeShortRows) {
 // that hold a k-step's x vectors (one column pair per warp at k = 520, two at k = 200, 136, 264); from T = 2 on two
 // rows per pass with one column pair per warp (H = 520, I = 520) and one row with two pairs (I = 200, 136: GEMM2, and
 // GEMM1 at H = 264): blocks of one row, of a few (random routing at T = 4: 32 slots on 32 experts) and of every token
-// (one hot expert), which take several passes.
+// (one hot expert), which take several passes. At T = 1 the one-row kernels find their rows without the plan's
+// offsets and slots; with blocks of one row (B = 1) at T = 2 and 4 the same kernels look them up.
 TEST(CudaExperts, DecodeRoutedOnly) {
   MOEKIT_REQUIRE_SM90();
   uint32_t salt = 360;
   const std::pair<int64_t, int64_t> sizes[] = {{520, 520}, {520, 200}, {264, 136}};
   for (const auto& [h, in] : sizes) {
     for (int64_t t : {1, 2, 4}) {
-      for (Routing r : {Routing::random, Routing::one_hot}) {
-        Case c;
-        c.cfg = reduced(find_preset("qwen3-30b-a3b").experts);  // E = 32, K = 8, S = 0
-        c.cfg.hidden = h;
-        c.cfg.intermediate = in;
-        c.tokens = t;
-        c.routing = r;
-        c.b13 = c.b2 = t == 2;
-        c.tactic = {0, 0};
-        check_case(c, salt++);
+      for (int block : {64, 1}) {
+        if (t == 1 && block == 1) continue;
+        for (Routing r : {Routing::random, Routing::one_hot}) {
+          Case c;
+          c.cfg = reduced(find_preset("qwen3-30b-a3b").experts);  // E = 32, K = 8, S = 0
+          c.cfg.hidden = h;
+          c.cfg.intermediate = in;
+          c.tokens = t;
+          c.block = block;
+          c.routing = r;
+          c.b13 = c.b2 = t == 2;
+          c.tactic = {0, 0};
+          check_case(c, salt++);
+        }
       }
     }
   }
