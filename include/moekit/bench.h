@@ -173,7 +173,8 @@ struct RouteResult {
 
 /// Verifies every case on every requested grid size against the CPU reference (ids, whole plan and replay exactly;
 /// weights within 1e-6 relative, 4e-6 for softmax_topk without renormalization, whose reference sums E terms in
-/// fp32 sequentially), then times it unless verify_only. `ceilings` must come from the same harness. Throws NotSupported without CUDA.
+/// fp32 sequentially), then times it unless verify_only. `ceilings` must come from the same harness. Throws
+/// NotSupported without CUDA.
 std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCase>& cases,
                                      const RouteBenchOptions& opt, const Ceilings& ceilings);
 
