@@ -367,7 +367,8 @@ TEST(CudaExperts, DecodeShortRows) {
 // rows per pass with one column pair per warp (H = 520, I = 520) and one row with two pairs (I = 200, 136: GEMM2, and
 // GEMM1 at H = 264): blocks of one row, of a few (random routing at T = 4: 32 slots on 32 experts) and of every token
 // (one hot expert), which take several passes. At T = 1 the one-row kernels find their rows without the plan's
-// offsets and slots; with blocks of one row (B = 1) at T = 2 and 4 the same kernels look them up.
+// offsets and slots (also with another rank's experts, whose blocks they skip); with blocks of one row (B = 1) at
+// T = 2 and 4 the same kernels look them up.
 TEST(CudaExperts, DecodeRoutedOnly) {
   MOEKIT_REQUIRE_SM90();
   uint32_t salt = 360;
@@ -387,6 +388,11 @@ TEST(CudaExperts, DecodeRoutedOnly) {
           c.b13 = c.b2 = t == 2;
           c.tactic = {0, 0};
           check_case(c, salt++);
+          if (t == 1) {  // this rank holds experts 8..23 of 32
+            c.cfg.local_num_experts = 16;
+            c.cfg.local_expert_offset = 8;
+            check_case(c, salt++);
+          }
         }
       }
     }
@@ -438,11 +444,14 @@ TEST(CudaExperts, GraphCaptureReplaysNewData) {
   MOEKIT_REQUIRE_SM90();
   Case c;
   c.cfg = reduced(find_preset("qwen3-next-80b").experts);
-  c.tokens = 64;
-  const int64_t t = c.tokens, h = c.cfg.hidden;
+  const int64_t h = c.cfg.hidden;
   const Device dev = Device::cuda(0);
-  for (ExpertTactic tactic : {ExpertTactic{0, 0}, ExpertTactic{1, 2}}) {
+  // T = 1 on the GEMV: the one-row kernels, whose rows come from the block alone
+  const std::pair<ExpertTactic, int64_t> runs[] = {{{0, 0}, 64}, {{1, 2}, 64}, {{0, 0}, 1}};
+  for (const auto& [tactic, tokens] : runs) {
     c.tactic = tactic;
+    c.tokens = tokens;
+    const int64_t t = c.tokens;
     SCOPED_TRACE(describe(c));
     std::mt19937 rng(test_seed() ^ 0x5eed);
     Problem first(c, rng);
