@@ -104,6 +104,17 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm<kRows, kPairs, kHoistX
   };
   load_step(lane * 8);  // in flight while the rows are looked up (and, in GEMM2, while GEMM1 finishes)
   bool loaded = true;
+  // The one-row kernels' CTAs live a few latencies: GEMM1's bias values are requested now, not after the reduction.
+  float bias0[kPairs] = {}, bias1[kPairs] = {};
+  const int64_t bias_row = static_cast<int64_t>(local) * rows_w;
+  if (kHoistX && p.gated) {
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const int pair = min(pair0 + j, pairs - 1);
+      bias0[j] = load_bias(p.b13, bias_row + gate_column(p.layout, pair, p.n_out));
+      bias1[j] = load_bias(p.b13, bias_row + up_column(p.layout, pair, p.n_out));
+    }
+  }
 
   // One token (on the one-row kernels): every segment is one row at the start of its one block, and every x row of
   // GEMM1 is token 0's, so the x loads need no lookups in the plan (each a dependent L2 or DRAM round trip in front
@@ -178,9 +189,8 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm<kRows, kPairs, kHoistX
         const int64_t row = r0 + r;
         if (p.gated) {
           const int c0 = gate_column(p.layout, pair, p.n_out), c1 = up_column(p.layout, pair, p.n_out);
-          const int64_t bias = static_cast<int64_t>(local) * rows_w;
-          const float g = acc0[j][r] + load_bias(p.b13, bias + c0);
-          const float u = acc1[j][r] + load_bias(p.b13, bias + c1);
+          const float g = acc0[j][r] + (kHoistX ? bias0[j] : load_bias(p.b13, bias_row + c0));
+          const float u = acc1[j][r] + (kHoistX ? bias1[j] : load_bias(p.b13, bias_row + c1));
           static_cast<__nv_bfloat16*>(p.out)[row * p.n_out + pair] =
               __float2bfloat16_rn(gated_activation(p.activation, p.act_params, g, u));
         } else {
