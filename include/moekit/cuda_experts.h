@@ -34,9 +34,12 @@ enum class GemmKernelKind : uint8_t {
 struct GemmTacticInfo {
   std::string_view name;  // e.g. "sm90_cooperative_128x128x64"
   GemmKernelKind kind;
-  // CTA tile of a grouped GEMM; gemv: most rows per pass, weight rows per CTA (twice as many when a weight row has
-  // at most 512 elements), 0
+  // CTA tile of a grouped GEMM in plan rows x output columns x K; gemv: most rows per pass, weight rows per CTA
+  // (twice as many when a weight row has at most 512 elements), 0
   int tile_m, tile_n, tile_k;
+  // A grouped GEMM that computes out^T = W x^T (the weights on the MMA's M side, the rows on its narrow N side), so
+  // that a few rows per expert do not fill a 64-row tile with padding
+  bool swap_ab = false;
 };
 
 /// The tactics that exist, in a fixed order; indices into this table are ExpertTactic's values.

@@ -105,7 +105,8 @@ const std::vector<Tactic>& expert_tactics() {
     for (const GemmTacticInfo& t : cuda_expert_gemm_tactics()) {
       std::string what =
           t.kind == GemmKernelKind::grouped
-              ? fmt::format("CUTLASS sm90 grouped GEMM, {}x{}x{} CTA tile", t.tile_m, t.tile_n, t.tile_k)
+              ? fmt::format("CUTLASS sm90 grouped GEMM, {}x{}x{} CTA tile (rows x columns x K){}", t.tile_m, t.tile_n,
+                            t.tile_k, t.swap_ab ? ", operands swapped: out^T = W x^T" : "")
               : fmt::format(
                     "memory-bound decode GEMV, up to {} rows per pass, {} weight rows per CTA ({} for rows of <= "
                     "512)",

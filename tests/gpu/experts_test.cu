@@ -286,7 +286,7 @@ TEST(CudaExperts, ActivationsLayoutsBiases) {
   for (Activation a : {Activation::silu_gated, Activation::swiglu_clamped, Activation::gelu_gated}) {
     for (GateUpLayout l : {GateUpLayout::gate_first, GateUpLayout::up_first, GateUpLayout::interleaved}) {
       for (DType bias : {DType::f32, DType::bf16}) {
-        for (ExpertTactic tactic : {ExpertTactic{0, 0}, ExpertTactic{2, 2}}) {
+        for (ExpertTactic tactic : {ExpertTactic{0, 0}, ExpertTactic{2, 2}, ExpertTactic{5, 5}}) {
           Case c;
           c.cfg = reduced(find_preset("gpt-oss-120b").experts);
           c.cfg.activation = a;
@@ -424,7 +424,7 @@ TEST(CudaExperts, SkewedRoutingAndExpertParallelism) {
   MOEKIT_REQUIRE_SM90();
   uint32_t salt = 400;
   for (Routing r : {Routing::one_hot, Routing::half_empty}) {
-    for (ExpertTactic tactic : {ExpertTactic{0, 0}, ExpertTactic{1, 1}, ExpertTactic{3, 2}}) {
+    for (ExpertTactic tactic : {ExpertTactic{0, 0}, ExpertTactic{1, 1}, ExpertTactic{3, 2}, ExpertTactic{5, 5}}) {
       Case c;
       c.cfg = reduced(find_preset("deepseek-v3").experts);  // 1 shared expert
       c.cfg.num_shared_experts = 2;
@@ -447,7 +447,7 @@ TEST(CudaExperts, GraphCaptureReplaysNewData) {
   const int64_t h = c.cfg.hidden;
   const Device dev = Device::cuda(0);
   // T = 1 on the GEMV: the one-row kernels, whose rows come from the block alone
-  const std::pair<ExpertTactic, int64_t> runs[] = {{{0, 0}, 64}, {{1, 2}, 64}, {{0, 0}, 1}};
+  const std::pair<ExpertTactic, int64_t> runs[] = {{{0, 0}, 64}, {{1, 2}, 64}, {{5, 5}, 64}, {{0, 0}, 1}};
   for (const auto& [tactic, tokens] : runs) {
     c.tactic = tactic;
     c.tokens = tokens;
@@ -520,7 +520,8 @@ TEST(CudaExperts, RejectsBadArguments) {
   } catch (const NotSupported& e) {
     EXPECT_EQ(std::string(e.what()),
               "moekit::experts: gemm1 tactic (9) must be one of: 0: gemv_8rows, 1: sm90_pingpong_64x128x64, "
-              "2: sm90_cooperative_128x128x64, 3: sm90_cooperative_128x256x64, 4: sm90_pingpong_64x256x64");
+              "2: sm90_cooperative_128x128x64, 3: sm90_cooperative_128x256x64, 4: sm90_pingpong_64x256x64, "
+              "5: sm90_swap_ab_cooperative_32x128x64");
   }
   const TensorView wrong = TensorView::contiguous(dh.data(), DType::f16, {t, h}, dev);
   try {

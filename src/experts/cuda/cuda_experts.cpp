@@ -22,17 +22,22 @@ namespace {
 
 using detail::GroupedGemmOps;
 
-constexpr std::array<GemmTacticInfo, 5> kTactics{{
+constexpr std::array<GemmTacticInfo, 6> kTactics{{
     {"gemv_8rows", GemmKernelKind::gemv, 8, 8, 0},
     {"sm90_pingpong_64x128x64", GemmKernelKind::grouped, 64, 128, 64},
     {"sm90_cooperative_128x128x64", GemmKernelKind::grouped, 128, 128, 64},
     {"sm90_cooperative_128x256x64", GemmKernelKind::grouped, 128, 256, 64},
     {"sm90_pingpong_64x256x64", GemmKernelKind::grouped, 64, 256, 64},
+    {"sm90_swap_ab_cooperative_32x128x64", GemmKernelKind::grouped, 32, 128, 64, true},
 }};
 // The instantiation behind each grouped entry of kTactics (nullptr for the GEMV).
 constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGroupedOps{
-    nullptr, &detail::sm90_grouped_gemm_pingpong_64x128x64, &detail::sm90_grouped_gemm_cooperative_128x128x64,
-    &detail::sm90_grouped_gemm_cooperative_128x256x64, &detail::sm90_grouped_gemm_pingpong_64x256x64};
+    nullptr,
+    &detail::sm90_grouped_gemm_pingpong_64x128x64,
+    &detail::sm90_grouped_gemm_cooperative_128x128x64,
+    &detail::sm90_grouped_gemm_cooperative_128x256x64,
+    &detail::sm90_grouped_gemm_pingpong_64x256x64,
+    &detail::sm90_grouped_gemm_swap_ab_cooperative_128x32x64};
 // GEMM1 with the gated activation in its epilogue, where a tile exists in that form: used instead of the tactic's
 // GEMM1 + activation pass when w13 is interleaved (gate and up columns of an output side by side in one tile). Only
 // the pingpong schedule has one: there one consumer's epilogue overlaps the other's main loop, while the cooperative
@@ -40,7 +45,7 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGroupedOps{
 // Gate-first / up-first w13 keep GEMM1 + the pass: pairing their gate and up rows in GEMM1's tiles with a 3D TMA
 // view ran 1.1-2.2x slower (docs/benchmarks.md, "Twelfth session"); rearrange_gate_up() interleaves them instead.
 constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
-    nullptr, nullptr, nullptr, nullptr, &detail::sm90_grouped_gemm_gated_pingpong_64x256x64};
+    nullptr, nullptr, nullptr, nullptr, &detail::sm90_grouped_gemm_gated_pingpong_64x256x64, nullptr};
 
 // Default heuristic, first matching rule. Keys: the rows a routed expert is expected to get (the average over
 // active routed experts, ceil(T*K / min(E, T*K))), T, the size of one expert's GEMM1 weights (2I x H), the number
@@ -330,6 +335,8 @@ void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const Ten
   if (grouped1 || grouped2) {
     detail::FillProblemsParams f{pa,    map,  c.hidden, c.intermediate, m.w.w13.data, m.w.w2.data,
                                  m.a1y, m.c1, m.act,    m.a1y,          m.gemm1,      m.gemm2};
+    f.swap1 = kTactics[tactic.gemm1].swap_ab;
+    f.swap2 = kTactics[tactic.gemm2].swap_ab;
     detail::launch_fill_problems(f, stream);
   }
   if (grouped1) {

@@ -86,10 +86,14 @@ GroupedGemmOps sm90_grouped_gemm_cooperative_128x256x64();
 GroupedGemmOps sm90_grouped_gemm_pingpong_64x256x64();
 // GEMM1 with the gated activation fused (GatedEpilogueArgs), for interleaved w13.
 GroupedGemmOps sm90_grouped_gemm_gated_pingpong_64x256x64();
+// Swapped operands (A = weights [N, K], B = the plan's rows, D column-major): the fill kernel sets such a GEMM's
+// groups up with FillProblemsParams::swap1 / swap2.
+GroupedGemmOps sm90_grouped_gemm_swap_ab_cooperative_128x32x64();
 
 /// Fills both GEMMs' problem shapes, pointers and strides for every group from the plan's counts and offsets:
 /// GEMM1 group g: M = count (0 for another rank's expert), N = 2I, K = H, A = a1 + off*H, B = w13[local], D = c1 +
-/// off*2I; GEMM2: M = count, N = H, K = I, A = act + off*I, B = w2[local], D = y + off*H. One small launch.
+/// off*2I; GEMM2: M = count, N = H, K = I, A = act + off*I, B = w2[local], D = y + off*H. A swapped GEMM (swap1 /
+/// swap2) gets (N, count, K), A and B exchanged, and D's column-major stride. One small launch.
 struct FillProblemsParams {
   PlanArrays plan;
   ExpertMap map;
@@ -101,6 +105,7 @@ struct FillProblemsParams {
   const void* act = nullptr;  // [cap, I] bf16 activation output
   void* y = nullptr;          // [cap, H] bf16 GEMM2 output
   GroupedGemmArgs gemm1, gemm2;
+  bool swap1 = false, swap2 = false;  // the GEMM runs a GroupedForm::swap_ab instantiation
 };
 void launch_fill_problems(const FillProblemsParams& p, Stream stream);
 

@@ -1,8 +1,8 @@
 // One CUTLASS sm90 ptr-array grouped GEMM, D[g] = A[g] * B[g]^T in bf16 with fp32 accumulation: A [M, K] and B
-// [N, K] K-contiguous (TMA loads, wgmma), D [M, N] row-major through a TMA epilogue, no C operand. Problem shapes
-// live on the device only (filled by a kernel from the route plan), so the persistent grid is one CTA per SM and
-// the group tile scheduler walks the groups on the device, skipping empty ones. Each sm90_grouped_gemm_*.cu
-// instantiates one tile config (DESIGN §9: ~40 s and ~3.5 GB of compile each, keep them few).
+// [N, K] K-contiguous (TMA loads, wgmma), D [M, N] through a TMA epilogue, no C operand. Problem shapes live on the
+// device only (filled by a kernel from the route plan), so the persistent grid is one CTA per SM and the group tile
+// scheduler walks the groups on the device, skipping empty ones. Each sm90_grouped_gemm_*.cu instantiates one tile
+// config (DESIGN §9: ~40 s and ~3.5 GB of compile each, keep them few).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -21,10 +21,18 @@
 
 namespace moekit::detail {
 
-/// A tile configuration: CTA tile (M, N, K) and the warp-specialized schedule. kGated: no D; the epilogue applies
-/// the gated activation to interleaved gate/up column pairs and stores act rows (sm90_gated_epilogue.cuh).
-template <int kTileM, int kTileN, int kTileK, bool kCooperative, bool kGated = false>
+/// What a grouped GEMM's groups multiply and store. plain: A = the plan's rows, B = weights, D row-major.
+/// gated: as plain, but no D: the epilogue applies the gated activation to interleaved gate/up column pairs and
+/// stores act rows (sm90_gated_epilogue.cuh). swap_ab: A = weights, B = the plan's rows and D column-major, i.e.
+/// out^T = W x^T, so that a few rows per expert fill a narrow N tile instead of a 64-row M tile.
+enum class GroupedForm { plain, gated, swap_ab };
+
+/// A tile configuration: CTA tile (M, N, K), the warp-specialized schedule and the form.
+template <int kTileM, int kTileN, int kTileK, bool kCooperative, GroupedForm kForm = GroupedForm::plain>
 struct Sm90GroupedGemm {
+  static constexpr bool kGated = kForm == GroupedForm::gated;
+  using LayoutD = std::conditional_t<kForm == GroupedForm::swap_ab, GroupedLayoutDT, GroupedLayoutD>;
+  using StrideD = std::conditional_t<kForm == GroupedForm::swap_ab, GroupedStrideDT, GroupedStrideD>;
   using ElementAB = cutlass::bfloat16_t;
   using ElementD = std::conditional_t<kGated, void, cutlass::bfloat16_t>;
   using ElementAcc = float;
@@ -44,8 +52,8 @@ struct Sm90GroupedGemm {
                          cutlass::epilogue::fusion::LinearCombination<cutlass::bfloat16_t, ElementAcc>>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, ElementAcc, void, GroupedLayoutD*, kAlign,
-      ElementD, GroupedLayoutD*, kAlign, EpilogueSchedule, Fusion>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, ElementAcc, void, LayoutD*, kAlign, ElementD,
+      LayoutD*, kAlign, EpilogueSchedule, Fusion>::CollectiveOp;
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, GroupedLayoutA*, kAlign, ElementAB,
@@ -59,7 +67,7 @@ struct Sm90GroupedGemm {
 
   static_assert(std::is_same_v<typename Kernel::InternalStrideA, GroupedStrideA>);
   static_assert(std::is_same_v<typename Kernel::InternalStrideB, GroupedStrideB>);
-  static_assert(std::is_same_v<typename Kernel::InternalStrideD, GroupedStrideD>);
+  static_assert(std::is_same_v<typename Kernel::InternalStrideD, StrideD>);
 
   static typename Gemm::Arguments arguments(const GroupedGemmArgs& a) {
     typename Gemm::Arguments args{};
@@ -78,10 +86,14 @@ struct Sm90GroupedGemm {
       args.epilogue.thread.alpha = 1.0f;
       args.epilogue.thread.beta = 0.0f;
       args.epilogue.ptr_D = reinterpret_cast<ElementD**>(a.ptr_d);
-      args.epilogue.dD = static_cast<GroupedStrideD*>(a.stride_d);
+      args.epilogue.dD = static_cast<StrideD*>(a.stride_d);
     }
     args.epilogue.ptr_C = nullptr;
     args.epilogue.dC = nullptr;
+    // A group's tiles are walked with M fastest: plain, the row tiles of one weight tile in a row (the weight tile
+    // comes from L2 after the first); swapped, the weights are on M, so N (the row tiles) goes fastest instead.
+    if constexpr (kForm == GroupedForm::swap_ab)
+      args.scheduler.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongN;
     args.hw_info.device_id = 0;
     args.hw_info.sm_count = a.sm_count;
     return args;

@@ -5,7 +5,7 @@
 namespace moekit::detail {
 
 GroupedGemmOps sm90_grouped_gemm_gated_pingpong_64x256x64() {
-  return Sm90GroupedGemm<64, 256, 64, false, true>::ops();
+  return Sm90GroupedGemm<64, 256, 64, false, GroupedForm::gated>::ops();
 }
 
 }  // namespace moekit::detail
