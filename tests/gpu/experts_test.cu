@@ -573,6 +573,7 @@ TEST(CudaExperts, DefaultTacticIsDeterministicAndValid) {
 // docs/benchmarks.md (host code only: runs without a GPU).
 TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
   const char* const gemv = "gemv_8rows";
+  const char* const swap = "sm90_swap_ab_cooperative_32x128x64";
   const char* const small = "sm90_pingpong_64x256x64";
   const char* const large = "sm90_cooperative_128x256x64";
   struct Pick {
@@ -585,20 +586,31 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"mixtral-8x7b", 1, gemv},
       {"mixtral-8x7b", 3, gemv},
       {"qwen3-30b-a3b", 12, gemv},
-      {"qwen3-30b-a3b", 13, small},
+      {"qwen3-30b-a3b", 13, swap},
       {"qwen3-next-80b", 1, gemv},
       {"qwen3-next-80b", 38, gemv},
-      {"qwen3-next-80b", 39, small},
+      {"qwen3-next-80b", 39, swap},
       {"gpt-oss-120b", 24, gemv},
-      {"gpt-oss-120b", 25, small},
+      {"gpt-oss-120b", 25, swap},
       // With or without shared experts: up to 4 tokens at ~1 routed row per expert.
-      {"mixtral-8x7b", 4, gemv},   // a load of 1, 1 row per active expert
-      {"mixtral-8x7b", 5, small},  // 2 rows
+      {"mixtral-8x7b", 4, gemv},  // a load of 1, 1 row per active expert
+      {"mixtral-8x7b", 5, swap},  // 2 rows
       {"deepseek-v3", 4, gemv},
-      {"deepseek-v3", 5, small},  // past the token bound: the shared expert holds T rows
-      {"deepseek-v3", 16, small},
+      {"deepseek-v3", 5, swap},  // past the token bound: the shared expert holds T rows
+      {"deepseek-v3", 16, swap},
+      // Swapped 32x128 tiles up to 16 routed rows per expert; with shared experts up to 64 tokens.
+      {"mixtral-8x7b", 16, swap},
+      {"mixtral-8x7b", 64, swap},      // 16 rows
+      {"qwen3-30b-a3b", 256, swap},    // 16 rows
+      {"qwen3-30b-a3b", 257, small},   // 17 rows
+      {"deepseek-v3", 64, swap},       // 2 rows, the shared expert's 64
+      {"deepseek-v3", 65, small},      // 3 rows, the shared expert's 65
+      {"deepseek-v3", 512, small},     // 16 rows
+      {"gpt-oss-120b", 512, swap},     // 16 rows
+      {"qwen3-next-80b", 819, swap},   // 16 rows
+      {"qwen3-next-80b", 820, small},  // 17 rows
       // A few large experts (mixtral): 64x256 below 64 routed rows per expert, 128x256 from 64.
-      {"mixtral-8x7b", 16, small},
+      {"mixtral-8x7b", 128, small},  // 32 rows
       {"mixtral-8x7b", 256, large},  // 64 rows
       // The others, deepseek-v3's 256 large experts too: 64x256 up to 256 routed rows per expert, 128x256 above.
       {"deepseek-v3", 1024, small},      // 32 rows (the shared expert's 1024 do not count)

@@ -56,9 +56,13 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
 // 3/4-1, 64x256 ahead from 1 on: "Fourteenth session"), and with shared experts (each of which holds T rows) for up
 // to 4 tokens at ~1 row per expert (deepseek-v3 T = 8 / 16: 64x256 1.02x / 1.10x faster than the GEMV); 128x256
 // cooperative tiles win from 64 rows per expert on a few large experts (mixtral T = 256: 1.07x over 64x256) and above
-// 256 rows on the others (gpt-oss at 512 rows: 1.14x over 64x256; deepseek-v3 at 256 rows: within 0.4%); 64x256
-// pingpong tiles below that (mixtral T = 16-64: 1.03-1.06x over 64x128; qwen3-next T = 1024-4096: 1.04-1.10x, qwen3
-// and gpt-oss T = 4096: 1.02x, deepseek-v3 at 64-128 rows with every expert routed: 1.03-1.04x over 128x256).
+// 256 rows on the others (gpt-oss at 512 rows: 1.14x over 64x256; deepseek-v3 at 256 rows: within 0.4%); swapped
+// 32x128 tiles up to 16 routed rows per expert, with shared experts (T rows each, ceil(T / 32) tiles per weight
+// tile) up to T = 64 ("Seventeenth session", experts time against 64x256: mixtral T = 8 / 16 / 64 0.979 / 0.980 /
+// 0.982, qwen3 T = 32 0.963, gpt-oss T = 64 / 256 0.983 / 0.989, qwen3-next T = 64 / 256 0.990 / 0.993, deepseek-v3
+// T = 8 / 16 / 64 0.971 / 0.983 / 0.998 but T = 256 / 512 1.003 / 1.014; at 32 rows, gpt-oss T = 1024, 1.13); 64x256
+// pingpong tiles below 256 rows (mixtral T = 16-64: 1.03-1.06x over 64x128; qwen3-next T = 1024-4096: 1.04-1.10x,
+// qwen3 and gpt-oss T = 4096: 1.02x, deepseek-v3 at 64-128 rows with every expert routed: 1.03-1.04x over 128x256).
 constexpr int64_t kAny = INT64_MAX;
 struct HeuristicRule {
   int64_t min_rows = 0, max_rows = kAny, max_tokens = kAny, min_weights = 0, max_experts = kAny;
@@ -66,9 +70,11 @@ struct HeuristicRule {
   int gemm1, gemm2;
 };
 constexpr int64_t kLargeExpert = int64_t{24} << 20;  // 2I x H elements
-constexpr std::array<HeuristicRule, 5> kHeuristic{{
+constexpr std::array<HeuristicRule, 7> kHeuristic{{
     {.max_load4 = 3, .max_shared = 0, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 1, .max_tokens = 4, .gemm1 = 0, .gemm2 = 0},
+    {.max_rows = 16, .max_tokens = 64, .gemm1 = 5, .gemm2 = 5},
+    {.max_rows = 16, .max_shared = 0, .gemm1 = 5, .gemm2 = 5},
     {.min_rows = 64, .min_weights = kLargeExpert, .max_experts = 64, .gemm1 = 3, .gemm2 = 3},
     {.max_rows = 256, .gemm1 = 4, .gemm2 = 4},
     {.gemm1 = 3, .gemm2 = 3},
