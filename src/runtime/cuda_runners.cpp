@@ -30,6 +30,10 @@
 namespace moekit::detail {
 namespace {
 
+// The cuda_bf16 runner's version (part of every tuning key): bumped when its tactic table or heuristic changes, so
+// that a cache tuned without a tactic is not reused. 2: the swapped-operand grouped GEMM.
+constexpr std::string_view kCudaBf16Version = "2";
+
 // Why a CUDA runner cannot serve `device` in this build, or "" when the device is usable.
 std::string cuda_unavailable_reason(Device device) {
   if (!built_with_cuda()) return "moekit was built without CUDA";
@@ -138,7 +142,7 @@ class CudaBf16Runner final : public Runner {
   }
 
   std::string_view name() const override { return "cuda_bf16"; }
-  std::string_view version() const override { return "1"; }
+  std::string_view version() const override { return kCudaBf16Version; }
   std::span<const Tactic> gemm1_tactics() const override { return expert_tactics(); }
   std::span<const Tactic> gemm2_tactics() const override { return expert_tactics(); }
 
@@ -322,7 +326,7 @@ const std::array<Tactic, 1> kNoTactics{{{"none", "moekit was built without CUDA"
 class CudaBf16Runner final : public Runner {
  public:
   std::string_view name() const override { return "cuda_bf16"; }
-  std::string_view version() const override { return "1"; }
+  std::string_view version() const override { return kCudaBf16Version; }
   std::span<const Tactic> gemm1_tactics() const override { return kNoTactics; }
   std::span<const Tactic> gemm2_tactics() const override { return kNoTactics; }
 
