@@ -180,12 +180,16 @@ __device__ __forceinline__ void tiny_plan(const RouteParams& p, const uint32_t* 
     const bool valid = lane < n;
     const int g = !valid ? G : (k < K ? static_cast<int>(info[t * K + k] >> 16) : E + k - K);
     const uint32_t lt = (1u << lane) - 1u;
-    const uint32_t same = __match_any_sync(kFullMask, g);
+    // One token: its K routed experts are distinct and its shared slots are groups E .. E + S - 1, so every group
+    // holds one slot and needs no match.
+    const bool one_token = p.tokens == 1;
+    const uint32_t same = one_token ? 1u << lane : __match_any_sync(kFullMask, g);
     const int count = __popc(same), rank = __popc(same & lt);
     const bool leader = valid && (same & lt) == 0;
     const int padded = leader ? static_cast<int>(rm::magic_div(count + B - 1, p.block_magic)) * B : 0;
-    // Padded rows and segments of the groups below g: with few groups a pass over their leaders (a dependent
-    // chain per leader), else over all lanes (independent shuffles; non-leaders contribute 0).
+    // Padded rows and segments of the groups below g, from the leaders (their groups' lowest slots; other lanes
+    // contribute 0). One token: independent shuffles from the n slots in unrolled steps of 8. Else, with few groups,
+    // a pass over the leaders (a dependent chain per leader), or independent shuffles from all 32 lanes.
     const uint32_t leaders = __ballot_sync(kFullMask, leader);
     int offset = 0, below = 0;
     auto add_lane = [&](int j) {
@@ -193,7 +197,11 @@ __device__ __forceinline__ void tiny_plan(const RouteParams& p, const uint32_t* 
       offset += gj < g ? pj : 0;
       below += gj < g && pj > 0 ? 1 : 0;
     };
-    if (__popc(leaders) <= 8) {
+    if (one_token) {
+      for (int j0 = 0; j0 < n; j0 += 8)
+#pragma unroll
+        for (int j = j0; j < j0 + 8; ++j) add_lane(j);
+    } else if (__popc(leaders) <= 8) {
       for (uint32_t m = leaders; m != 0; m &= m - 1) add_lane(__ffs(m) - 1);
     } else {
 #pragma unroll 8
