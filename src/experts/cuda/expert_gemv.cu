@@ -105,6 +105,9 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm<kRows, kPairs, kHoistX
   load_step(lane * 8);  // in flight while the rows are looked up (and, in GEMM2, while GEMM1 finishes)
   bool loaded = true;
   // The one-row kernels' CTAs live a few latencies: GEMM1's bias values are requested now, not after the reduction.
+  // Their columns are computed here, above and in the epilogue rather than kept in arrays: with the arrays the
+  // one-row kernels' code changed and qwen3-next's T = 1 GEMM2 took 12.4 us instead of 12.2 (H200, two calls;
+  // docs/benchmarks.md, "Eighteenth session").
   float bias0[kPairs] = {}, bias1[kPairs] = {};
   const int64_t bias_row = static_cast<int64_t>(local) * rows_w;
   if (kHoistX && p.gated) {
