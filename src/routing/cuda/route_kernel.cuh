@@ -5,7 +5,8 @@
 //      the workspace) and adds them to the expert totals; -- one grid barrier --; each CTA sums the rows of the
 //      CTAs before it (its base in every expert) and reads the totals;
 //   C. every CTA scans the padded counts into offsets (one CUB block scan), scatters its slots into
-//      sorted_slots/slot_rows, and the grid writes padding and block_experts (a lane per group).
+//      sorted_slots/slot_rows, and the grid writes block_experts (a lane per group). Padding rows and blocks past the
+//      extent were written before A ended (prefill_plan(): by the warps without tokens where there are some).
 // A single CTA (small T) needs no barrier and no workspace. When a call has at most 32 slots (T * Kt <= 32, decode),
 // B and C collapse into tiny_plan(): one warp ranks the slots by group and the CTA writes the plan from the <= 32
 // non-empty segments, without histograms or a block scan. The barrier counts arrivals and bumps a generation word,
@@ -148,17 +149,18 @@ __device__ __forceinline__ int plan_div(const RouteParams& p, int n, int d, uint
   return p.small_plan ? static_cast<int>(rm::magic_div(static_cast<uint32_t>(n), magic)) : n / d;
 }
 
-/// Plan blocks and rows past the extent (`used` rows): no expert, and the padding slot `pad`. Grid-stride over
-/// every thread of the launch (one CTA for a tiny plan).
-__device__ __forceinline__ void clear_past_extent(const RouteParams& p, int used, int pad) {
-  // 32-bit arithmetic, as a 64-bit division is a long subroutine: the launcher's token limit (65535 per CTA, at
-  // most kMaxCtas CTAs, <= 32 slots each) keeps the capacity and every index below (2^31 - the thread count).
-  const int B = p.block, capacity = static_cast<int>(p.capacity);
-  const int threads = static_cast<int>(gridDim.x) * kThreads;
-  const int first = static_cast<int>(blockIdx.x) * kThreads + static_cast<int>(threadIdx.x);
-  const int end = plan_div(p, capacity, B, p.block_magic);
-  for (int b = plan_div(p, used, B, p.block_magic) + first; b < end; b += threads) p.block_experts[b] = -1;
-  for (int r = used + first; r < capacity; r += threads) p.sorted_slots[r] = pad;
+/// The plan's rows and blocks before this call writes anything else there: every row of sorted_slots holds the
+/// padding slot `pad` and every block of block_experts -1. The scatter and the block passes overwrite their entries
+/// after the grid barrier (several CTAs) or the CTA's barriers (one CTA), so padding rows and everything past the
+/// extent need no pass of their own. CTA c takes blocks [c P, (c + 1) P) (P = RouteParams::prefill_blocks) and their
+/// rows, shared by its warps from `warp0` on: the warps without tokens, while the others route. 32-bit arithmetic:
+/// the launcher's token limit (65535 per CTA, at most kMaxCtas CTAs, <= 32 slots each) keeps every index below 2^31.
+__device__ __forceinline__ void prefill_plan(const RouteParams& p, int pad, int warp0) {
+  const int B = p.block, n = kThreads - warp0 * 32, t = static_cast<int>(threadIdx.x) - warp0 * 32;
+  const int total = plan_div(p, static_cast<int>(p.capacity), B, p.block_magic);
+  const int b0 = static_cast<int>(blockIdx.x) * p.prefill_blocks, b1 = min(b0 + p.prefill_blocks, total);
+  for (int b = b0 + t; b < b1; b += n) p.block_experts[b] = -1;
+  for (int r = b0 * B + t; r < b1 * B; r += n) p.sorted_slots[r] = pad;
 }
 
 /// One non-empty segment of a tiny plan: group, first row, rows used and padded rows.
@@ -236,15 +238,13 @@ __device__ __forceinline__ void tiny_plan(const RouteParams& p, const uint32_t* 
     p.expert_offsets[g] = lo < ns ? seg[lo].offset : used;
   }
   trace_point(p, 6);
-  // Each warp takes segments: their blocks' expert and the padding rows of their last block.
-  const int warp = tid >> 5, pad = n;
+  // Each warp takes segments: their blocks' expert (padding rows and blocks past the extent: prefill_plan()).
+  const int warp = tid >> 5;
   for (int i = warp; i < ns; i += kWarps) {
     const TinySegment s = seg[i];
     const int b1 = plan_div(p, s.offset + s.padded, B, p.block_magic);
     for (int b = plan_div(p, s.offset, B, p.block_magic) + lane; b < b1; b += 32) p.block_experts[b] = s.group;
-    for (int r = s.offset + s.count + lane; r < s.offset + s.padded; r += 32) p.sorted_slots[r] = pad;
   }
-  clear_past_extent(p, used, pad);
   trace_point(p, 7);
 }
 
@@ -285,6 +285,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   const int active_warps =
       cta_t1 > cta_t0 ? plan_div(p, cta_t1 - cta_t0 + p.tokens_per_warp - 1, p.tokens_per_warp, p.warp_tokens_magic)
                       : 0;
+  // The plan's rows and blocks (prefill_plan()): when every warp has tokens, all of them now, before the bias
+  // loads; else the warps without tokens, while the others route (below).
+  const int prefill_warp0 = active_warps < kWarps ? active_warps : 0;
+  if (prefill_warp0 == 0) prefill_plan(p, T * Kt, 0);
   for (int i = tid; i < active_warps * e_pad / 2; i += kThreads) reinterpret_cast<uint32_t*>(hist)[i] = 0;
   for (int e = tid; e < bias_words(E); e += kThreads) {
     float b = 0.0f;
@@ -295,6 +299,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   }
   __syncthreads();
   trace_point(p, 1);
+  if (prefill_warp0 > 0 && warp >= prefill_warp0) prefill_plan(p, T * Kt, prefill_warp0);
 
   // A. Route this warp's tokens, loading the next row while the current one is selected.
   {
@@ -427,22 +432,18 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   }
   trace_point(p, 6);
 
-  // Padding rows and block -> expert, a lane per group: chunk q of 32 consecutive groups goes to CTA q % nb (then
-  // its next warp), and each lane writes its group's block_experts entries and the padding rows of its last block
-  // (its segment ends where the next group's begins). Blocks and rows past the extent: grid-stride. A lane's work
-  // is its group's rows / B stores plus at most B - 1: ~40 + 7 on seed6 at T = 16384 (320 rows per expert), more
-  // with a few experts, small B and many tokens (E = 8, B = 16, T = 16384: ~256 serial stores per lane).
-  const int pad = T * Kt;
+  // Block -> expert, a lane per group: chunk q of 32 consecutive groups goes to CTA q % nb (then its next warp), and
+  // each lane writes its group's block_experts entries (its segment ends where the next group's begins). Padding
+  // rows and blocks past the extent keep what prefill_plan() wrote. A lane's work is its group's padded rows / B
+  // stores: 40 on seed6 at T = 16384 (320 rows per expert), more with a few experts, small B and many tokens (E = 8,
+  // B = 16, T = 16384: 256 serial stores per lane).
   for (int q = blockIdx.x + nb * warp; q * 32 < G; q += nb * kWarps) {
     const int g = q * 32 + lane;
     if (g < G && cnt_s[g] > 0) {
-      const int begin = offs_s[g], end = offs_s[g + 1];
-      const int b1 = plan_div(p, end, B, p.block_magic);
-      for (int b = plan_div(p, begin, B, p.block_magic); b < b1; ++b) p.block_experts[b] = g;
-      for (int r = begin + cnt_s[g]; r < end; ++r) p.sorted_slots[r] = pad;
+      const int b1 = plan_div(p, offs_s[g + 1], B, p.block_magic);
+      for (int b = plan_div(p, offs_s[g], B, p.block_magic); b < b1; ++b) p.block_experts[b] = g;
     }
   }
-  clear_past_extent(p, used, pad);
   trace_point(p, 7);
 }
 

@@ -211,6 +211,8 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   p.block_magic = routing_math::division_magic(static_cast<uint32_t>(p.block));
   p.warp_tokens_magic = routing_math::division_magic(static_cast<uint32_t>(std::max(p.tokens_per_warp, 1)));
   p.small_plan = capacity + p.block < (int64_t{1} << 16);
+  const int64_t plan_blocks = capacity / p.block;  // the capacity is a multiple of B
+  p.prefill_blocks = static_cast<int>((plan_blocks + ctas - 1) / ctas);
   p.octet_magic = routing_math::division_magic(static_cast<uint32_t>(router::pad8(E) / 8));
   const int64_t info = static_cast<int64_t>(p.tokens_per_cta) * p.top_k;
   p.info_words = info <= router::kInfoCap ? static_cast<int>(info) : 0;

@@ -45,6 +45,7 @@ struct RouteParams {
   uint32_t warp_tokens_magic = 0;            // rm::division_magic(tokens_per_warp)
   uint32_t octet_magic = 0;                  // rm::division_magic(pad8(E) / 8)
   int small_plan = 0;                        // capacity + B < 2^16: plan indices divide by the magics
+  int prefill_blocks = 0;                    // plan blocks (and their rows) each CTA pre-fills: ceil(blocks / grid)
   int32_t* topk_ids = nullptr;               // [T, Kt]
   float* topk_weights = nullptr;             // [T, Kt]
   int32_t* expert_counts = nullptr;          // [G]
