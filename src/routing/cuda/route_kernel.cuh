@@ -170,10 +170,11 @@ struct TinySegment {
 
 /// Plan phases B and C for a single CTA with n = T * Kt <= 32 slots, after phase A stored each routed slot's
 /// (expert << 16 | rank) in info[t * K + k] (one token per warp: every rank is 0). Warp 0: lane s holds slot s's
-/// group; its rank among the slots of its group (match_any; lanes are in ascending token order) is its row in the
-/// segment, and one pass over the groups' leaders (their lowest slots) gives every slot the padded rows and the
-/// number of the segments below its group. The segments go to a table in shared memory in group order; then every
-/// thread writes its share of counts and offsets (a binary search per group), block_experts and padding rows.
+/// group; its rank among the slots of its group (match_any, except for one token, whose groups are distinct; lanes
+/// are in ascending token order) is its row in the segment, and one pass over the lanes gives every slot the padded
+/// rows and the number of the segments below its group. The segments go to a table in shared memory in group order;
+/// then every thread writes its share of counts and offsets (a binary search per group) and block_experts (padding
+/// rows and blocks past the extent: prefill_plan()).
 __device__ __forceinline__ void tiny_plan(const RouteParams& p, const uint32_t* info, TinySegment* seg, int* nseg) {
   const int E = p.experts, G = p.groups, K = p.top_k, Kt = p.slots, B = p.block;
   const int n = p.tokens * Kt, tid = threadIdx.x, lane = tid & 31;
