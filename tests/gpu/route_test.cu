@@ -399,6 +399,11 @@ std::vector<Case> cases() {
     add(c);
   }
   add({"tiny_t1_k32_bf16_b256", make_routing_config(M::topk_softmax, 1024, 32), 1, 256, DType::bf16});
+  {  // one token: three shared slots above 29 routed ones, an odd block, tied logits
+    Case c{"one_token_e200_k29_s3_b5_ties", make_routing_config(M::softmax_topk, 200, 29, 3, true), 1, 5};
+    c.dist = Dist::ties;
+    add(c);
+  }
   {
     Case c{"tiny_t3_hot", make_routing_config(M::softmax_topk, 512, 10), 3, 8};
     c.dist = Dist::hot;
@@ -566,8 +571,8 @@ TEST_F(GpuRoute, ReusedPlanAcrossGrids) {
   }
 }
 
-// Capture once, replay with new logits; smaller T are further graphs (T = 2: the tiny plan); all must match the
-// reference.
+// Capture once, replay with new logits; smaller T are further graphs (T = 2: the tiny plan, T = 1: one token's
+// plan); all must match the reference.
 TEST_F(GpuRoute, GraphReplayWithNewLogits) {
   const uint64_t seed = base_seed() + 1000;
   std::printf("[ seed     ] MOEKIT_TEST_SEED=%llu (graph: +1000)\n", static_cast<unsigned long long>(seed - 1000));
@@ -583,7 +588,7 @@ TEST_F(GpuRoute, GraphReplayWithNewLogits) {
   const TensorView bias = TensorView::contiguous(d_bias.data(), DType::f32, {256}, Device::cuda());
   const TensorView replay = TensorView::contiguous(d_replay.data(), DType::i16, {max_t, 8}, Device::cuda());
 
-  for (int64_t T : {max_t, int64_t{45}, int64_t{2}}) {
+  for (int64_t T : {max_t, int64_t{45}, int64_t{2}, int64_t{1}}) {
     c.tokens = T;
     const TensorView logits = logits_view(d_logits.data(), c, T, 256, Device::cuda());
     route(cfg, logits, bias, plan, stream, replay);  // first call outside the capture

@@ -9,9 +9,10 @@
 //      extent were written before A ended (prefill_plan(): by the warps without tokens where there are some).
 // A single CTA (small T) needs no barrier and no workspace. When a call has at most 32 slots (T * Kt <= 32, decode),
 // B and C collapse into tiny_plan(): one warp ranks the slots by group and the CTA writes the plan from the <= 32
-// non-empty segments, without histograms or a block scan. The barrier counts arrivals and bumps a generation word,
-// resetting itself; the totals are double-buffered by the generation's parity (the buffer of the next call is
-// zeroed during this one), so graph replays need no re-initialization. Cross-CTA data is read with ld.cg (L2).
+// non-empty segments, without histograms or a block scan; one token's plan (one_token_plan()) is a single pass of
+// every thread over its K experts. The barrier counts arrivals and bumps a generation word, resetting itself; the
+// totals are double-buffered by the generation's parity (the buffer of the next call is zeroed during this one), so
+// graph replays need no re-initialization. Cross-CTA data is read with ld.cg (L2).
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -168,11 +169,58 @@ struct TinySegment {
   int group, offset, count, padded;
 };
 
-/// Plan phases B and C for a single CTA with n = T * Kt <= 32 slots, after phase A stored each routed slot's
-/// (expert << 16 | rank) in info[t * K + k] (one token per warp: every rank is 0). Warp 0: lane s holds slot s's
-/// group; its rank among the slots of its group (match_any, except for one token, whose groups are distinct; lanes
-/// are in ascending token order) is its row in the segment, and one pass over the lanes gives every slot the padded
-/// rows and the number of the segments below its group. The segments go to a table in shared memory in group order;
+/// Plan phases B and C for one token (T = 1, a single CTA), after phase A stored its routed experts as
+/// (expert << 16 | 0) in info[0, K). The K routed experts are distinct and the shared slots are the groups
+/// E .. E + S - 1, so every non-empty group holds one row padded to one block, and group g's first row is B times
+/// the number of the token's groups below g. Every thread writes its groups' counts and offsets from the K experts,
+/// and thread k < Kt slot k's row and block: one pass, no second barrier. The padding rows and the blocks past the
+/// extent hold what prefill_plan() wrote.
+__device__ __forceinline__ void one_token_plan(const RouteParams& p, const uint32_t* info) {
+  const int E = p.experts, G = p.groups, K = p.top_k, Kt = p.slots, B = p.block, tid = threadIdx.x;
+  trace_point(p, 3);  // no count, totals or scan phases: their stamps coincide
+  trace_point(p, 4);
+  trace_point(p, 5);
+  for (int g = tid; g < G; g += kThreads) {
+    int below = K + g - E, here = 1;  // a shared group: above every routed expert
+    if (g < E) {
+      below = 0;
+      here = 0;
+#pragma unroll 8
+      for (int k = 0; k < K; ++k) {
+        const int e = static_cast<int>(info[k] >> 16);
+        below += e < g ? 1 : 0;
+        here += e == g ? 1 : 0;
+      }
+    }
+    p.expert_counts[g] = here;
+    p.expert_offsets[g] = below * B;
+  }
+  trace_point(p, 6);
+  if (tid < Kt) {
+    int g = E + tid - K, rank = tid;
+    if (tid < K) {
+      g = static_cast<int>(info[tid] >> 16);
+      rank = 0;
+#pragma unroll 8
+      for (int k = 0; k < K; ++k) rank += static_cast<int>(info[k] >> 16) < g ? 1 : 0;
+    }
+    p.sorted_slots[rank * B] = tid;
+    p.slot_rows[tid] = rank * B;
+    p.block_experts[rank] = g;
+  }
+  if (tid == 0) {
+    p.expert_offsets[G] = Kt * B;
+    p.extent[0] = Kt * B;
+    p.extent[1] = Kt;
+  }
+  trace_point(p, 7);
+}
+
+/// Plan phases B and C for a single CTA with n = T * Kt <= 32 slots and more than one token, after phase A stored
+/// each routed slot's (expert << 16 | rank) in info[t * K + k] (one token per warp: every rank is 0). Warp 0: lane s
+/// holds slot s's group; its rank among the slots of its group (match_any; lanes are in ascending token order) is
+/// its row in the segment, and one pass over the lanes gives every slot the padded rows and the number of the
+/// segments below its group. The segments go to a table in shared memory in group order;
 /// then every thread writes its share of counts and offsets (a binary search per group) and block_experts (padding
 /// rows and blocks past the extent: prefill_plan()).
 __device__ __forceinline__ void tiny_plan(const RouteParams& p, const uint32_t* info, TinySegment* seg, int* nseg) {
@@ -183,16 +231,13 @@ __device__ __forceinline__ void tiny_plan(const RouteParams& p, const uint32_t* 
     const bool valid = lane < n;
     const int g = !valid ? G : (k < K ? static_cast<int>(info[t * K + k] >> 16) : E + k - K);
     const uint32_t lt = (1u << lane) - 1u;
-    // One token: its K routed experts are distinct and its shared slots are groups E .. E + S - 1, so every group
-    // holds one slot and needs no match.
-    const bool one_token = p.tokens == 1;
-    const uint32_t same = one_token ? 1u << lane : __match_any_sync(kFullMask, g);
+    const uint32_t same = __match_any_sync(kFullMask, g);
     const int count = __popc(same), rank = __popc(same & lt);
     const bool leader = valid && (same & lt) == 0;
     const int padded = leader ? static_cast<int>(rm::magic_div(count + B - 1, p.block_magic)) * B : 0;
     // Padded rows and segments of the groups below g, from the leaders (their groups' lowest slots; other lanes
-    // contribute 0). One token: independent shuffles from the n slots in unrolled steps of 8. Else, with few groups,
-    // a pass over the leaders (a dependent chain per leader), or independent shuffles from all 32 lanes.
+    // contribute 0): with few groups a pass over the leaders (a dependent chain per leader), else independent
+    // shuffles from all 32 lanes.
     const uint32_t leaders = __ballot_sync(kFullMask, leader);
     int offset = 0, below = 0;
     auto add_lane = [&](int j) {
@@ -200,11 +245,7 @@ __device__ __forceinline__ void tiny_plan(const RouteParams& p, const uint32_t* 
       offset += gj < g ? pj : 0;
       below += gj < g && pj > 0 ? 1 : 0;
     };
-    if (one_token) {
-      for (int j0 = 0; j0 < n; j0 += 8)
-#pragma unroll
-        for (int j = j0; j < j0 + 8; ++j) add_lane(j);
-    } else if (__popc(leaders) <= 8) {
+    if (__popc(leaders) <= 8) {
       for (uint32_t m = leaders; m != 0; m &= m - 1) add_lane(__ffs(m) - 1);
     } else {
 #pragma unroll 8
@@ -290,7 +331,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   // loads; else the warps without tokens, while the others route (below).
   const int prefill_warp0 = active_warps < kWarps ? active_warps : 0;
   if (prefill_warp0 == 0) prefill_plan(p, T * Kt, 0);
-  for (int i = tid; i < active_warps * e_pad / 2; i += kThreads) reinterpret_cast<uint32_t*>(hist)[i] = 0;
+  if (!p.tiny)  // a tiny plan ranks without histograms
+    for (int i = tid; i < active_warps * e_pad / 2; i += kThreads) reinterpret_cast<uint32_t*>(hist)[i] = 0;
   for (int e = tid; e < bias_words(E); e += kThreads) {
     float b = 0.0f;
     if (p.bias != nullptr && e < E)
@@ -323,7 +365,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     // The histogram and bias rows (offset 0, >= 16 * 8 * 2 + 256 * 4 bytes) are free after phase A: the segment
     // table (32 x 16 B) and two words (at byte 1024) fit, at an address that needs no register.
     auto* seg = reinterpret_cast<TinySegment*>(smem);
-    tiny_plan(p, info_s, seg, reinterpret_cast<int*>(seg + 64));
+    if (T == 1)
+      one_token_plan(p, info_s);
+    else
+      tiny_plan(p, info_s, seg, reinterpret_cast<int*>(seg + 64));
     return;
   }
 

@@ -441,7 +441,8 @@ __device__ __forceinline__ void limit_groups(const RouteParams& p, uint32_t (&k)
 /// shared memory, zero-padded to the kernel's expert capacity (all zeros without a bias: adding +0 changes no
 /// key's order). `sel` is 32 (expert, value) pairs and `cand` 32 candidates of per-warp shared scratch. Writes the
 /// token's ids, weights and replay row; returns (expert << 16 | rank in warp) of slot `lane` (lanes < K; ranks count
-/// earlier tokens of this warp, so the plan is deterministic) and bumps the warp's histogram.
+/// earlier tokens of this warp, so the plan is deterministic) and bumps the warp's histogram; a tiny plan (one token
+/// per warp: every rank 0) needs neither.
 template <class In, int NC, bool kSigmoid>
 __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t, RowRegs<In, NC>& row, int64_t next,
                                                 int lane, const float* bias_s, uint16_t* hist, const WarpScratch& ws,
@@ -611,9 +612,12 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
   const int64_t base = t * p.slots;
   uint32_t info = 0;
   if (routed) {
-    const uint32_t r = hist[expert];
-    hist[expert] = static_cast<uint16_t>(r + 1);
-    info = static_cast<uint32_t>(expert) << 16 | r;
+    info = static_cast<uint32_t>(expert) << 16;
+    if (!p.tiny) {
+      const uint32_t r = hist[expert];
+      hist[expert] = static_cast<uint16_t>(r + 1);
+      info |= r;
+    }
     p.topk_ids[base + lane] = expert;
     p.topk_weights[base + lane] = w;
     if (p.replay != nullptr) p.replay[t * K + lane] = static_cast<int16_t>(expert);
