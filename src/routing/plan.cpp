@@ -56,7 +56,7 @@ struct BufferSizes {
   int64_t groups;     // expert_counts: G
   int64_t capacity;   // sorted_slots
   int64_t blocks;     // block_experts: capacity / B
-  int64_t workspace;  // the CUDA router's scratch (zeroed once here; the kernel leaves it zeroed)
+  int64_t workspace;  // the CUDA router's scratch (zeroed once here; each call leaves it ready for the next)
 };
 
 BufferSizes buffer_sizes(const PlanShape& s, Device device) {

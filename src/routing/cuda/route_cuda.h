@@ -1,7 +1,7 @@
 // Internal entry of the fused CUDA router, called by moekit::route() for plans on a CUDA device after the shared
 // validation (validate_route_args and the plan-shape checks) has passed. Host-only declarations: no CUDA headers.
-// The router needs a small device workspace per plan (per-CTA expert counts, double-buffered expert totals and a
-// self-resetting grid-barrier counter); route_cuda_workspace_ints() gives its size so that RoutePlan can own it.
+// The router needs a small device workspace per plan (per-CTA expert counts, double-buffered expert totals and the
+// grid barrier's epoch and arrival words); route_cuda_workspace_ints() gives its size so that RoutePlan can own it.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +20,12 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
                 int64_t capacity, Stream stream, const TensorView& replay);
 
 /// int32 elements of device workspace the fused router needs for a plan of this shape. The memory must be zeroed
-/// once when it is allocated (the kernel leaves it in that state after every call).
+/// once when it is allocated (every call leaves it ready for the next).
 int64_t route_cuda_workspace_ints(const PlanShape& shape);
+/// Workspace words of the grid barrier (uint32): its epoch (2 * arrivals before the call, plus the call's parity)
+/// and its arrival count (2 per CTA, mod 2^32). A zeroed workspace holds a valid state, and so does any even count
+/// in both words.
+inline constexpr int kRouteEpochWord = 0, kRouteArrivalsWord = 1;
 
 /// Launch geometry of the fused router, for benchmarks that compare alternatives. ctas = 0 (the default) lets the
 /// heuristic choose; otherwise the grid is clamped to what can be co-resident. Not thread-safe; process-wide.

@@ -10,9 +10,10 @@
 // A single CTA (small T) needs no barrier and no workspace. When a call has at most 32 slots (T * Kt <= 32, decode),
 // B and C collapse into tiny_plan(): one warp ranks the slots by group and the CTA writes the plan from the <= 32
 // non-empty segments, without histograms or a block scan; one token's plan (one_token_plan()) is a single pass of
-// every thread over its K experts. The barrier counts arrivals and bumps a generation word, resetting itself; the
-// totals are double-buffered by the generation's parity (the buffer of the next call is zeroed during this one), so
-// graph replays need no re-initialization. Cross-CTA data is read with ld.cg (L2).
+// every thread over its K experts. The grid barrier's arrival count only grows (mod 2^32), and an epoch word says
+// where this call's arrivals start and the call's parity; the totals are double-buffered by that parity (the
+// buffer of the next call is zeroed during this one), so graph replays need no re-initialization. Cross-CTA data
+// is read with ld.cg (L2).
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -88,24 +89,23 @@ __device__ __forceinline__ uint32_t ld_acquire(const uint32_t* p) {
   return v;
 }
 
-/// All CTAs of the (co-resident) grid meet here. Thread 0 arrives with an acquire-release add (releasing what its
-/// CTA wrote before the CTA barrier, acquiring what earlier arrivals released); the last arrival resets the count
-/// and releases the others by bumping the generation `gen` (read by every CTA before it arrived), which they poll
-/// with acquire loads. No full fences.
-__device__ __forceinline__ void grid_barrier(uint32_t* bar, uint32_t gen) {
+/// All CTAs of the (co-resident) grid meet here. `arrivals` grows by 2 per arriving CTA, over every call (mod 2^32);
+/// `epoch` is its value when this call started with the call's parity in bit 0 (read by every CTA before it
+/// arrived), so the grid is complete at (epoch & ~1) + 2 * gridDim.x (compared with wrap-around). Thread 0 adds its
+/// CTA with a release reduction (releasing what its CTA wrote before the CTA barrier; nothing waits for a returned
+/// value) and polls the count with acquire loads: after the last arrival that is one reduction and the pollers' next
+/// loads. CTA 0 then stores the next call's epoch (the same count, the other parity). No full fences.
+__device__ __forceinline__ void grid_barrier(uint32_t* arrivals, uint32_t* epoch_word, uint32_t epoch) {
+  const uint32_t done = (epoch & ~1u) + 2u * gridDim.x;
   __syncthreads();
   if (threadIdx.x == 0) {
-    uint32_t arrived;
-    asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], 1;" : "=r"(arrived) : "l"(bar) : "memory");
-    if (arrived + 1 == gridDim.x) {
-      asm volatile("st.relaxed.gpu.global.u32 [%0], 0;" ::"l"(bar) : "memory");
-      asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(bar + 1) : "memory");
-    } else {
-      while (ld_acquire(bar + 1) == gen) {
-      }
+    asm volatile("red.release.gpu.global.add.u32 [%0], 2;" ::"l"(arrivals) : "memory");
+    while (static_cast<int32_t>(ld_acquire(arrivals) - done) < 0) {
     }
   }
   __syncthreads();
+  if (blockIdx.x == 0 && threadIdx.x == 0)
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(epoch_word), "r"(done | (~epoch & 1u)) : "memory");
 }
 
 /// Sums the u16 count rows of CTAs [0, blockIdx.x) into out[e] (e < E): 16-byte L2 loads, several rows per thread
@@ -321,7 +321,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   // A kernel launched after this one with programmatic stream serialization (the expert GEMV) may start now and
   // wait in griddepcontrol.wait for the plan: its launch latency hides behind the routing.
   asm volatile("griddepcontrol.launch_dependents;" :::);
-  const uint32_t gen = nb > 1 ? __ldcg(p.barrier + 1) : 0u;  // stable until every CTA has arrived
+  const uint32_t epoch = nb > 1 ? __ldcg(p.epoch) : 0u;  // grid_barrier(): stable until every CTA has arrived
 
   // Warps past the CTA's tokens keep empty histograms: only the active ones are zeroed and scanned.
   const int active_warps =
@@ -405,7 +405,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
       }
       base_s[e] = run;
     }
-    int32_t* totals = p.totals + (gen & 1u) * e_pad;
+    int32_t* totals = p.totals + (epoch & 1u) * e_pad;
     uint16_t* my_row = p.cta_rows + static_cast<int64_t>(blockIdx.x) * e_pad;
     for (int e = tid; e < e_pad; e += kThreads) {
       const int c = e < E ? base_s[e] : 0;
@@ -413,11 +413,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
       if (c > 0) atomicAdd(totals + e, c);
     }
     if (blockIdx.x == 0) {  // the next call's buffer: nobody reads it in this call
-      int32_t* next = p.totals + ((gen + 1u) & 1u) * e_pad;
+      int32_t* next = p.totals + (~epoch & 1u) * e_pad;
       for (int e = tid; e < e_pad; e += kThreads) __stcg(next + e, 0);
     }
     trace_point(p, 3);
-    grid_barrier(p.barrier, gen);
+    grid_barrier(p.arrivals, p.epoch, epoch);
 #pragma unroll
     for (int i = 0; i < kGroupsPerThread; ++i) {
       const int g = g0 + i;

@@ -114,8 +114,9 @@ bool g_last_tiny_plan = false;
 
 }  // namespace
 
-// Layout: [0, 64) barrier words; [64, 64 + 2 * e8) expert totals, two generations; then kMaxCtas rows of e8
-// uint16 per-CTA counts (16-byte aligned: 64 and e8 are multiples of 8 ints).
+// Layout (int32 units): [0, 64) the grid barrier's words (kRouteEpochWord, kRouteArrivalsWord; the rest unused);
+// [64, 64 + 2 * e8) expert totals, two buffers; then kMaxCtas rows of e8 uint16 per-CTA counts (16-byte aligned:
+// 64 and e8 are multiples of 8 ints).
 int64_t route_cuda_workspace_ints(const PlanShape& shape) {
   const int64_t e8 = router::pad8(shape.num_experts);
   return 64 + 2 * e8 + router::kMaxCtas * e8 / 2;
@@ -221,7 +222,8 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
     int32_t* ws = plan.workspace;
     if (ws == nullptr)
       throw Internal("route", "a CUDA plan must carry the router's workspace (RoutePlan allocates it)");
-    p.barrier = reinterpret_cast<uint32_t*>(ws);
+    p.epoch = reinterpret_cast<uint32_t*>(ws + kRouteEpochWord);
+    p.arrivals = reinterpret_cast<uint32_t*>(ws + kRouteArrivalsWord);
     p.totals = ws + 64;
     p.cta_rows = reinterpret_cast<uint16_t*>(ws + 64 + 2 * router::pad8(E));
   }

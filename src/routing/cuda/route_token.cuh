@@ -55,8 +55,9 @@ struct RouteParams {
   int32_t* block_experts = nullptr;  // [capacity / B]
   int32_t* extent = nullptr;         // [2]
   int16_t* replay = nullptr;         // [R, K] or null
-  uint32_t* barrier = nullptr;       // workspace [2]: arrivals, generation
-  int32_t* totals = nullptr;         // workspace [2][e_pad8]: expert totals, one buffer per generation parity
+  uint32_t* epoch = nullptr;         // workspace: grid-barrier arrivals before this call | the call's parity (bit 0)
+  uint32_t* arrivals = nullptr;      // workspace: 2 * grid-barrier arrivals of all calls (mod 2^32)
+  int32_t* totals = nullptr;         // workspace [2][e_pad8]: expert totals, one buffer per call parity
   uint16_t* cta_rows = nullptr;      // workspace [kMaxCtas][e_pad8]: per-CTA expert counts
   uint64_t* trace = nullptr;         // null, or [grid][kTracePoints][2] (%globaltimer ns, clock64) for benchmarks
 };
