@@ -144,6 +144,24 @@ __device__ __forceinline__ void sum_earlier_rows(const uint16_t* rows, int exper
   }
 }
 
+/// Turns the per-warp counts of expert e (hist[w * e_pad + e], w < n) into per-warp exclusive prefixes and returns
+/// their sum, four warps at a time: a chunk's loads go out before its stores (the compiler cannot tell that the rows
+/// do not alias, so a loop that loads and stores in turn waits for each load), and a few warps cost one chunk.
+__device__ __forceinline__ int warp_prefixes(uint16_t* hist, int e, int e_pad, int n) {
+  int run = 0;
+  for (int w0 = 0; w0 < n; w0 += 4) {
+    int v[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[i] = w0 + i < n ? hist[(w0 + i) * e_pad + e] : 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      if (w0 + i < n) hist[(w0 + i) * e_pad + e] = static_cast<uint16_t>(run);
+      run += v[i];
+    }
+  }
+  return run;
+}
+
 /// n / d for the plan's indices: rm::magic_div() (a multiply-high) when every index is below 2^16
 /// (RouteParams::small_plan), else a division.
 __device__ __forceinline__ int plan_div(const RouteParams& p, int n, int d, uint32_t magic) {
@@ -379,32 +397,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   int cnt[kGroupsPerThread];
   const int g0 = tid * kGroupsPerThread;
   if (nb == 1) {
-    int run[kGroupsPerThread] = {};
-    for (int w = 0; w < active_warps; ++w)  // the thread's groups as independent chains
-#pragma unroll
-      for (int i = 0; i < kGroupsPerThread; ++i)
-        if (g0 + i < E) {
-          const int v = hist[w * e_pad + g0 + i];
-          hist[w * e_pad + g0 + i] = static_cast<uint16_t>(run[i]);
-          run[i] += v;
-        }
 #pragma unroll
     for (int i = 0; i < kGroupsPerThread; ++i) {
       const int g = g0 + i;
       if (g < E) base_s[g] = 0;
-      cnt[i] = g < E ? run[i] : (g < G ? T : 0);
+      cnt[i] = g < E ? warp_prefixes(hist, g, e_pad, active_warps) : (g < G ? T : 0);
     }
     trace_point(p, 3);
   } else {
-    for (int e = tid; e < E; e += kThreads) {
-      int run = 0;
-      for (int w = 0; w < active_warps; ++w) {
-        const int v = hist[w * e_pad + e];
-        hist[w * e_pad + e] = static_cast<uint16_t>(run);
-        run += v;
-      }
-      base_s[e] = run;
-    }
+    for (int e = tid; e < E; e += kThreads) base_s[e] = warp_prefixes(hist, e, e_pad, active_warps);
     int32_t* totals = p.totals + (epoch & 1u) * e_pad;
     uint16_t* my_row = p.cta_rows + static_cast<int64_t>(blockIdx.x) * e_pad;
     for (int e = tid; e < e_pad; e += kThreads) {
@@ -478,12 +479,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   }
   trace_point(p, 6);
 
-  // Block -> expert, a lane per group: chunk q of 32 consecutive groups goes to CTA q % nb (then its next warp), and
+  // Block -> expert, a lane per group: chunk q of 32 consecutive groups goes to CTA q % nb (then its next warp, from
+  // the last one down: the first warps scatter the CTA's slots above, and with few tokens per CTA only they do), and
   // each lane writes its group's block_experts entries (its segment ends where the next group's begins). Padding
   // rows and blocks past the extent keep what prefill_plan() wrote. A lane's work is its group's padded rows / B
   // stores: 40 on seed6 at T = 16384 (320 rows per expert), more with a few experts, small B and many tokens (E = 8,
   // B = 16, T = 16384: 256 serial stores per lane).
-  for (int q = blockIdx.x + nb * warp; q * 32 < G; q += nb * kWarps) {
+  for (int q = blockIdx.x + nb * (kWarps - 1 - warp); q * 32 < G; q += nb * kWarps) {
     const int g = q * 32 + lane;
     if (g < G && cnt_s[g] > 0) {
       const int b1 = plan_div(p, offs_s[g + 1], B, p.block_magic);
