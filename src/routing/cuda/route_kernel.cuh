@@ -145,10 +145,22 @@ __device__ __forceinline__ void sum_earlier_rows(const uint16_t* rows, int exper
 }
 
 /// Turns the per-warp counts of expert e (hist[w * e_pad + e], w < n) into per-warp exclusive prefixes and returns
-/// their sum, four warps at a time: a chunk's loads go out before its stores (the compiler cannot tell that the rows
-/// do not alias, so a loop that loads and stores in turn waits for each load), and a few warps cost one chunk.
+/// their sum. Loads go out before stores (the compiler cannot tell that the rows do not alias, so a loop that loads
+/// and stores in turn waits for each load): all kWarps rows at once when every warp routed, else four warps at a
+/// time, so that a few warps cost one chunk.
 __device__ __forceinline__ int warp_prefixes(uint16_t* hist, int e, int e_pad, int n) {
   int run = 0;
+  if (n == kWarps) {
+    int v[kWarps];
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) v[w] = hist[w * e_pad + e];
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      hist[w * e_pad + e] = static_cast<uint16_t>(run);
+      run += v[w];
+    }
+    return run;
+  }
   for (int w0 = 0; w0 < n; w0 += 4) {
     int v[4];
 #pragma unroll
