@@ -188,8 +188,7 @@ __device__ __forceinline__ int plan_div(const RouteParams& p, int n, int d, uint
 /// the launcher's token limit (65535 per CTA, at most kMaxCtas CTAs, <= 32 slots each) keeps every index below 2^31.
 __device__ __forceinline__ void prefill_plan(const RouteParams& p, int pad, int warp0) {
   const int B = p.block, n = kThreads - warp0 * 32, t = static_cast<int>(threadIdx.x) - warp0 * 32;
-  const int total = plan_div(p, static_cast<int>(p.capacity), B, p.block_magic);
-  const int b0 = static_cast<int>(blockIdx.x) * p.prefill_blocks, b1 = min(b0 + p.prefill_blocks, total);
+  const int b0 = static_cast<int>(blockIdx.x) * p.prefill_blocks, b1 = min(b0 + p.prefill_blocks, p.plan_blocks);
   for (int b = b0 + t; b < b1; b += n) p.block_experts[b] = -1;
   for (int r = b0 * B + t; r < b1 * B; r += n) p.sorted_slots[r] = pad;
 }

@@ -170,7 +170,6 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
     p.group_lanes = lanes;
   p.vector_ok = reinterpret_cast<uintptr_t>(logits.data) % 16 == 0 &&
                 (logits.stride(0) * dtype_size(logits.dtype)) % 16 == 0 && E % vec == 0;
-  p.capacity = capacity;
   p.topk_ids = plan.topk_ids;
   p.topk_weights = plan.topk_weights;
   p.expert_counts = plan.expert_counts;
@@ -213,6 +212,7 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   p.warp_tokens_magic = routing_math::division_magic(static_cast<uint32_t>(std::max(p.tokens_per_warp, 1)));
   p.small_plan = capacity + p.block < (int64_t{1} << 16);
   const int64_t plan_blocks = capacity / p.block;  // the capacity is a multiple of B
+  p.plan_blocks = static_cast<int>(plan_blocks);
   p.prefill_blocks = static_cast<int>((plan_blocks + ctas - 1) / ctas);
   p.octet_magic = routing_math::division_magic(static_cast<uint32_t>(router::pad8(E) / 8));
   const int64_t info = static_cast<int64_t>(p.tokens_per_cta) * p.top_k;

@@ -37,7 +37,7 @@ struct RouteParams {
   int grouped = 0;           // group limiting active (sigmoid_grouped, topk_group < n_group)
   int group_lanes = 0;       // > 0: a group is this many whole lanes (a power of two) and n_group <= 32
   int vector_ok = 0;         // rows 16-byte aligned and E a multiple of the vector width
-  int64_t capacity = 0;      // sorted_slots rows for this T
+  int plan_blocks = 0;       // capacity / B: the plan's blocks for this T (x B: its sorted_slots rows)
   int tokens_per_cta = 0, tokens_per_warp = 0;
   int info_words = 0;  // > 0: (expert << 16 | rank) of routed slots kept in shared memory [tokens_per_cta, K]
   int tiny = 0;        // one CTA, one token per warp and T * Kt <= 32: the plan is built by tiny_plan()
