@@ -82,7 +82,8 @@ std::string route_markdown(const std::vector<RouteResult>& results, const Ceilin
     if (any_tiny)
       s += "\nCalls with T * Kt <= 32 on one CTA build their plan in one step: there *count* is ranking and "
            "scattering the slots, *totals* and *offsets* are empty, *scatter* is writing counts and offsets and "
-           "*padding* blocks and padding.\n";
+           "*padding* blocks and padding. With one token *count* is empty too and *padding* is the slots' rows and "
+           "blocks.\n";
   }
   for (const RouteResult& r : results)
     if (r.kernel.samples > 0 && r.timing_source != "cupti") {

@@ -22,9 +22,9 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
 /// int32 elements of device workspace the fused router needs for a plan of this shape. The memory must be zeroed
 /// once when it is allocated (every call leaves it ready for the next).
 int64_t route_cuda_workspace_ints(const PlanShape& shape);
-/// Workspace words of the grid barrier (uint32): its epoch (2 * arrivals before the call, plus the call's parity)
-/// and its arrival count (2 per CTA, mod 2^32). A zeroed workspace holds a valid state, and so does any even count
-/// in both words.
+/// Workspace words of the grid barrier (uint32): its epoch (the arrival count when the call starts, with the call's
+/// parity in bit 0) and its arrival count (+2 per CTA, mod 2^32). A zeroed workspace holds a valid state, and so
+/// does the same even count in both words.
 inline constexpr int kRouteEpochWord = 0, kRouteArrivalsWord = 1;
 
 /// Launch geometry of the fused router, for benchmarks that compare alternatives. ctas = 0 (the default) lets the
@@ -35,7 +35,8 @@ struct RouteCudaTuning {
   /// clock64) at kRouteTracePoints phase boundaries: entry, setup done, tokens routed, counts published, totals
   /// and earlier-CTA bases known (after the grid barrier when there is one), offsets scanned, slots scattered,
   /// padding written. Layout [cta][point][2]. Calls with at most 32 slots (T * Kt <= 32) build their plan in one
-  /// step instead: points 3-5 coincide (slots ranked and scattered), 6 follows counts and offsets, 7 the padding.
+  /// step instead: points 3-5 coincide (slots ranked and scattered), 6 follows counts and offsets, 7 the padding;
+  /// with one token, 2-5 coincide and 7 follows the slots' rows and blocks.
   uint64_t* trace = nullptr;
 };
 inline constexpr int kRouteTracePoints = 8;
