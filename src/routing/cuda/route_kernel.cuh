@@ -145,33 +145,28 @@ __device__ __forceinline__ void sum_earlier_rows(const uint16_t* rows, int exper
 }
 
 /// Turns the per-warp counts of expert e (hist[w * e_pad + e], w < n) into per-warp exclusive prefixes and returns
-/// their sum. Loads go out before stores (the compiler cannot tell that the rows do not alias, so a loop that loads
-/// and stores in turn waits for each load): all kWarps rows at once when every warp routed, else four warps at a
-/// time, so that a few warps cost one chunk.
-__device__ __forceinline__ int warp_prefixes(uint16_t* hist, int e, int e_pad, int n) {
+/// their sum, kChunk warps at a time: a chunk's loads go out before its stores (the compiler cannot tell that the
+/// rows do not alias, so a loop that loads and stores in turn waits for each load).
+template <int kChunk>
+__device__ __forceinline__ int warp_prefixes_by(uint16_t* hist, int e, int e_pad, int n) {
   int run = 0;
-  if (n == kWarps) {
-    int v[kWarps];
+  for (int w0 = 0; w0 < n; w0 += kChunk) {
+    int v[kChunk];
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) v[w] = hist[w * e_pad + e];
+    for (int i = 0; i < kChunk; ++i) v[i] = w0 + i < n ? hist[(w0 + i) * e_pad + e] : 0;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      hist[w * e_pad + e] = static_cast<uint16_t>(run);
-      run += v[w];
-    }
-    return run;
-  }
-  for (int w0 = 0; w0 < n; w0 += 4) {
-    int v[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[i] = w0 + i < n ? hist[(w0 + i) * e_pad + e] : 0;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < kChunk; ++i) {
       if (w0 + i < n) hist[(w0 + i) * e_pad + e] = static_cast<uint16_t>(run);
       run += v[i];
     }
   }
   return run;
+}
+
+/// warp_prefixes_by() in one chunk of all kWarps rows when every warp routed, else four warps at a time, so that a
+/// few warps cost one chunk.
+__device__ __forceinline__ int warp_prefixes(uint16_t* hist, int e, int e_pad, int n) {
+  return n == kWarps ? warp_prefixes_by<kWarps>(hist, e, e_pad, kWarps) : warp_prefixes_by<4>(hist, e, e_pad, n);
 }
 
 /// n / d for the plan's indices: rm::magic_div() (a multiply-high) when every index is below 2^16
