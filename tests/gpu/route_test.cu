@@ -45,7 +45,21 @@ uint64_t base_seed() {
 // its threshold selection and its selection by rounds. special: rows by t % 6: a few +inf among normal values, all
 // -inf, normal with some -inf, only +-0 (ties across the sign of zero), normal, only NaN and -inf (the softmax
 // denominator's exact path and the keys' conventions for infinities and signed zeros).
-enum class Dist { normal, ties, coarse, hot, positive, lane_crowded, nan, wide, tied_32, tied_33, special };
+// warp_crowded: experts 96-127 (the one-token kernel's warp 3) get +50, so one warp supplies every winner.
+enum class Dist {
+  normal,
+  ties,
+  coarse,
+  hot,
+  positive,
+  lane_crowded,
+  nan,
+  wide,
+  tied_32,
+  tied_33,
+  special,
+  warp_crowded
+};
 
 struct Case {
   std::string name;
@@ -59,6 +73,7 @@ struct Case {
   bool replay = true;
   Dist dist = Dist::normal;
   int ctas = 0;  // forced grid size, 0 = heuristic
+  int row0 = 0;  // the distribution's first row: nan and special pick their rows' kind by row index
 };
 
 // Host-side copy of one plan's fields for T tokens.
@@ -154,6 +169,7 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
   in.logits.assign(static_cast<size_t>(c.tokens * in.stride), 7.0f);  // padding columns must not matter
   for (int64_t t = 0; t < c.tokens; ++t)
     for (int e = 0; e < E; ++e) {
+      const int64_t row = t + c.row0;
       float v = 0.0f;
       switch (c.dist) {
         case Dist::normal:
@@ -177,7 +193,7 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
           break;
         }
         case Dist::nan:
-          v = (t % 7 == 0 || small(rng) == 0) ? NAN : normal(rng);
+          v = (row % 7 == 0 || small(rng) == 0) ? NAN : normal(rng);
           break;
         case Dist::wide:
           v = normal(rng) * 40.0f;
@@ -185,7 +201,7 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
         case Dist::special: {
           const float x = normal(rng);
           const int pick = small(rng);
-          switch (t % 6) {
+          switch (row % 6) {
             case 0:
               v = pick == 0 && x > 1.5f ? INFINITY : x;
               break;
@@ -207,6 +223,9 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
           }
           break;
         }
+        case Dist::warp_crowded:
+          v = normal(rng) + (e / 32 == 3 ? 50.0f : 0.0f);
+          break;
         case Dist::tied_32:
         case Dist::tied_33: {
           const int per_lane = c.dtype == DType::bf16 ? 8 : 4;
@@ -339,6 +358,63 @@ void check_case(const Case& c, uint64_t seed) {
   }
   expect_same_plan(got, want);
   if (c.replay) EXPECT_TRUE(same("replay", replay_got, replay_ref));
+}
+
+// One token (decode): every case above again at T = 1 (the one-token kernel up to E = 512, the fused kernel above),
+// then shapes aimed at the one-token kernel: one warp holding every winner, K = 32, E = 512 / 513 (its bound),
+// partial warps, groups of 1-64 experts, each row kind of the nan and special distributions.
+void one_token_cases(std::vector<Case>& v) {
+  using M = RoutingMethod;
+  const size_t n = v.size();
+  for (size_t i = 0; i < n; ++i) {
+    Case c = v[i];
+    if (c.tokens == 1) continue;
+    c.name += "_t1";
+    c.tokens = 1;
+    c.ctas = 0;
+    v.push_back(c);
+  }
+  auto add = [&](Case c) { v.push_back(std::move(c)); };
+  for (auto [E, K] : {std::pair{128, 8}, std::pair{256, 32}, std::pair{512, 10}}) {
+    Case c{"t1_warp_crowded_e" + std::to_string(E) + "_k" + std::to_string(K),
+           make_routing_config(M::softmax_topk, E, K, K < 32 ? 1 : 0, true), 1, 16};
+    c.dist = Dist::warp_crowded;
+    add(c);
+  }
+  for (int E : {1, 5, 31, 33, 100, 511, 512, 513}) {
+    Case c{"t1_e" + std::to_string(E), make_routing_config(M::topk_softmax, E, std::min(E, 7), 2, true), 1, 8};
+    c.dist = E % 2 ? Dist::normal : Dist::ties;
+    add(c);
+  }
+  add({"t1_k32_e512_bf16_b256", make_routing_config(M::softmax_topk, 512, 32, 0, false), 1, 256, DType::bf16});
+  add({"t1_pre_scored_b1", make_routing_config(M::pre_scored, 96, 5, 0, true), 1, 1});
+  add({"t1_llama4", make_routing_config(M::llama4, 128, 1, 1), 1, 4});
+  for (auto [E, ng, kg, K] : {std::tuple{256, 256, 8, 8}, std::tuple{200, 8, 3, 8}, std::tuple{250, 10, 4, 12},
+                              std::tuple{512, 8, 4, 8}, std::tuple{384, 6, 2, 31}, std::tuple{64, 1, 1, 4}}) {
+    Case c{"t1_groups_e" + std::to_string(E) + "_g" + std::to_string(ng),
+           make_routing_config(M::sigmoid_grouped, E, K, 1, true, ng, kg, 2.5f), 1, 64};
+    c.bias = true;
+    c.bias_dtype = E % 3 ? DType::f32 : DType::bf16;
+    c.dist = E == 200 ? Dist::coarse : Dist::normal;
+    add(c);
+  }
+  for (int row = 0; row < 7; ++row) {
+    Case c{"t1_nan_row" + std::to_string(row), make_routing_config(M::sigmoid_grouped, 256, 8, 0, true, 8, 4), 1, 16};
+    c.dist = Dist::nan;
+    c.row0 = row;
+    c.bias = true;
+    add(c);
+  }
+  for (int row = 0; row < 6; ++row) {
+    Case c{"t1_special_row" + std::to_string(row), make_routing_config(M::softmax_topk, 96, 6), 1, 8};
+    c.dist = Dist::special;
+    c.row0 = row;
+    add(c);
+    c.name += "_topk_softmax";
+    c.cfg = make_routing_config(M::topk_softmax, 200, 6, 0, true);
+    c.dtype = DType::bf16;
+    add(c);
+  }
 }
 
 std::vector<Case> cases() {
@@ -524,6 +600,7 @@ std::vector<Case> cases() {
     c.bias = true;
     add(c);
   }
+  one_token_cases(v);
   return v;
 }
 
