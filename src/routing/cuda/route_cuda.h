@@ -35,8 +35,9 @@ struct RouteCudaTuning {
   /// clock64) at kRouteTracePoints phase boundaries: entry, setup done, tokens routed, counts published, totals
   /// and earlier-CTA bases known (after the grid barrier when there is one), offsets scanned, slots scattered,
   /// padding written. Layout [cta][point][2]. Calls with at most 32 slots (T * Kt <= 32) build their plan in one
-  /// step instead: points 3-5 coincide (slots ranked and scattered), 6 follows counts and offsets, 7 the padding;
-  /// with one token, 2-5 coincide and 7 follows the slots' rows and blocks.
+  /// step instead: points 3-5 coincide (slots ranked and scattered), 6 follows counts and offsets, 7 the padding.
+  /// With one token, thread 32 stamps 2-7: 2 when warp 0's selection reaches warps 1-15, 3-5 coincide, 6 follows
+  /// counts and offsets, 7 the slots' rows and blocks (warp 0's weights and slots, meanwhile, are not stamped).
   uint64_t* trace = nullptr;
 };
 inline constexpr int kRouteTracePoints = 8;

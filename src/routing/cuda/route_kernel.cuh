@@ -10,7 +10,8 @@
 // A single CTA (small T) needs no barrier and no workspace. When a call has at most 32 slots (T * Kt <= 32, decode),
 // B and C collapse into tiny_plan(): one warp ranks the slots by group and the CTA writes the plan from the <= 32
 // non-empty segments, without histograms or a block scan; one token's plan (one_token_plan()) is a single pass of
-// every thread over its K experts. The grid barrier's arrival count only grows (mod 2^32), and an epoch word says
+// every thread over its K experts, by warps 1-15 as soon as warp 0 has selected them (a named barrier), while warp 0
+// computes the weights. The grid barrier's arrival count only grows (mod 2^32), and an epoch word says
 // where this call's arrivals start and the call's parity; the totals are double-buffered by that parity (the
 // buffer of the next call is zeroed during this one), so graph replays need no re-initialization. Cross-CTA data
 // is read with ld.cg (L2).
@@ -193,25 +194,26 @@ struct TinySegment {
   int group, offset, count, padded;
 };
 
-/// Plan phases B and C for one token (T = 1, a single CTA), after phase A stored its routed experts as
-/// (expert << 16 | 0) in info[0, K). The K routed experts are distinct and the shared slots are the groups
-/// E .. E + S - 1, so every non-empty group holds one row padded to one block, and group g's first row is B times
-/// the number of the token's groups below g. Every thread writes its groups' counts and offsets from the K experts,
-/// and thread k < Kt slot k's row and block: one pass, no second barrier. The padding rows and the blocks past the
-/// extent hold what prefill_plan() wrote.
-__device__ __forceinline__ void one_token_plan(const RouteParams& p, const uint32_t* info) {
-  const int E = p.experts, G = p.groups, K = p.top_k, Kt = p.slots, B = p.block, tid = threadIdx.x;
-  trace_point(p, 3);  // no count, totals or scan phases: their stamps coincide
-  trace_point(p, 4);
-  trace_point(p, 5);
-  for (int g = tid; g < G; g += kThreads) {
+/// Plan phases B and C for one token (T = 1, a single CTA), once `routed(k)` gives routed slot k's expert (k < K),
+/// by the threads c = 0 .. n - 1 of a crew (the warps other than warp 0, which computes the weights meanwhile).
+/// The K routed experts are distinct and the shared slots are the groups E .. E + S - 1, so every non-empty group
+/// holds one row padded to one block, and group g's first row is B times the number of the token's groups below g.
+/// Every thread writes its groups' counts and offsets from the K experts, and thread c < Kt slot c's row and block:
+/// one pass. The padding rows and the blocks past the extent hold what prefill_plan() wrote.
+template <class Routed>
+__device__ __forceinline__ void one_token_plan(const RouteParams& p, Routed routed, int c, int n) {
+  const int E = p.experts, G = p.groups, K = p.top_k, Kt = p.slots, B = p.block;
+  trace_point_by(p, 3, c == 0);  // no count, totals or scan phases: their stamps coincide
+  trace_point_by(p, 4, c == 0);
+  trace_point_by(p, 5, c == 0);
+  for (int g = c; g < G; g += n) {
     int below = K + g - E, here = 1;  // a shared group: above every routed expert
     if (g < E) {
       below = 0;
       here = 0;
 #pragma unroll 8
       for (int k = 0; k < K; ++k) {
-        const int e = static_cast<int>(info[k] >> 16);
+        const int e = routed(k);
         below += e < g ? 1 : 0;
         here += e == g ? 1 : 0;
       }
@@ -219,25 +221,25 @@ __device__ __forceinline__ void one_token_plan(const RouteParams& p, const uint3
     p.expert_counts[g] = here;
     p.expert_offsets[g] = below * B;
   }
-  trace_point(p, 6);
-  if (tid < Kt) {
-    int g = E + tid - K, rank = tid;
-    if (tid < K) {
-      g = static_cast<int>(info[tid] >> 16);
+  trace_point_by(p, 6, c == 0);
+  if (c < Kt) {
+    int g = E + c - K, rank = c;
+    if (c < K) {
+      g = routed(c);
       rank = 0;
 #pragma unroll 8
-      for (int k = 0; k < K; ++k) rank += static_cast<int>(info[k] >> 16) < g ? 1 : 0;
+      for (int k = 0; k < K; ++k) rank += routed(k) < g ? 1 : 0;
     }
-    p.sorted_slots[rank * B] = tid;
-    p.slot_rows[tid] = rank * B;
+    p.sorted_slots[rank * B] = c;
+    p.slot_rows[c] = rank * B;
     p.block_experts[rank] = g;
   }
-  if (tid == 0) {
+  if (c == 0) {
     p.expert_offsets[G] = Kt * B;
     p.extent[0] = Kt * B;
     p.extent[1] = Kt;
   }
-  trace_point(p, 7);
+  trace_point_by(p, 7, c == 0);
 }
 
 /// Plan phases B and C for a single CTA with n = T * Kt <= 32 slots and more than one token, after phase A stored
@@ -314,7 +316,9 @@ __device__ __forceinline__ void tiny_plan(const RouteParams& p, const uint32_t* 
   trace_point(p, 7);
 }
 
-template <class In, int NC, bool kSigmoid>
+/// kOneToken: the instance for calls of one token (one CTA; warp 0 routes it, warps 1-15 build the plan), which
+/// leaves the token loop of the other instances free of its hand-off.
+template <class In, int NC, bool kSigmoid, bool kOneToken>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     route_fused_kernel(const __grid_constant__ RouteParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -368,12 +372,25 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   trace_point(p, 1);
   if (prefill_warp0 > 0 && warp >= prefill_warp0) prefill_plan(p, T * Kt, prefill_warp0);
 
-  // A. Route this warp's tokens, loading the next row while the current one is selected.
+  // A. Route this warp's tokens, loading the next row while the current one is selected. One token: warp 0 routes
+  // it and writes its slots while the other warps build the plan from its selection.
+  if constexpr (kOneToken) {
+    if (warp == 0) {
+      route_token<In, NC, kSigmoid, true>(p, 0, row, -1, lane, bias_s, hist, ws, sel, cand);
+    } else {
+      wait_selected();  // warp 0 arrived once its selection was in its `sel`
+      trace_point_by(p, 2, tid == 32);
+      const uint2* selected = reinterpret_cast<const uint2*>(smem + L.sel);  // warp 0's (expert, value) pairs
+      one_token_plan(
+          p, [&](int k) { return static_cast<int>(selected[k].x); }, tid - 32, kThreads - 32);
+    }
+    return;
+  }
   {
     uint16_t* my_hist = hist + warp * e_pad;
     for (int t = t0; t < t1; ++t) {
-      const uint32_t info =
-          route_token<In, NC, kSigmoid>(p, t, row, t + 1 < t1 ? t + 1 : -1, lane, bias_s, my_hist, ws, sel, cand);
+      const uint32_t info = route_token<In, NC, kSigmoid, false>(p, t, row, t + 1 < t1 ? t + 1 : -1, lane, bias_s,
+                                                                 my_hist, ws, sel, cand);
       if (lane < K) {
         if (p.info_words > 0)
           info_s[(t - cta_t0) * K + lane] = info;
@@ -389,10 +406,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     // The histogram and bias rows (offset 0, >= 16 * 8 * 2 + 256 * 4 bytes) are free after phase A: the segment
     // table (32 x 16 B) and two words (at byte 1024) fit, at an address that needs no register.
     auto* seg = reinterpret_cast<TinySegment*>(smem);
-    if (T == 1)
-      one_token_plan(p, info_s);
-    else
-      tiny_plan(p, info_s, seg, reinterpret_cast<int*>(seg + 64));
+    tiny_plan(p, info_s, seg, reinterpret_cast<int*>(seg + 64));
     return;
   }
 

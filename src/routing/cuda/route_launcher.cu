@@ -30,11 +30,13 @@ struct KernelEntry {
   int chunks;    // NC: 16-byte vectors per lane
   bool sigmoid;  // keys are sigmoid(logit) + bias (sigmoid_grouped), else logit + bias
   KernelFn fn;
+  KernelFn one_token;  // the instance for T = 1
 };
 
 template <class In, int NC, bool kSigmoid>
 constexpr KernelEntry entry(DType dtype) {
-  return {dtype, NC, kSigmoid, router::route_fused_kernel<In, NC, kSigmoid>};
+  return {dtype, NC, kSigmoid, router::route_fused_kernel<In, NC, kSigmoid, false>,
+          router::route_fused_kernel<In, NC, kSigmoid, true>};
 }
 
 // Expert capacity of an entry: 32 lanes * NC vectors * (16 / sizeof(element)).
@@ -84,8 +86,9 @@ GridLimits grid_limits(const KernelEntry& k, int smem_bytes, int device) {
   const auto attr_key = std::make_tuple(k.fn, device, -1);
   if (cache.find(attr_key) == cache.end()) {
     const int largest = SmemLayout::make(kMaxExperts, kMaxExperts + kMaxSlots, true, router::kInfoCap).total;
-    check(cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, largest),
-          "cudaFuncSetAttribute(route_fused_kernel)");
+    for (KernelFn fn : {k.fn, k.one_token})
+      check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, largest),
+            "cudaFuncSetAttribute(route_fused_kernel)");
     cache.emplace(attr_key, GridLimits{});
   }
   int per_sm = 0, sms = 0;
@@ -240,7 +243,7 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   attr.val.cooperative = 1;
   config.attrs = &attr;
   config.numAttrs = ctas > 1 ? 1 : 0;
-  check(cudaLaunchKernelEx(&config, kernel.fn, p), "launch of route_fused_kernel");
+  check(cudaLaunchKernelEx(&config, T == 1 ? kernel.one_token : kernel.fn, p), "launch of route_fused_kernel");
   check(cudaGetLastError(), "route_fused_kernel");
   g_last_ctas = ctas;
   g_last_tiny_plan = p.tiny != 0;
