@@ -72,8 +72,9 @@ struct Case {
   int64_t stride_pad = 0;  // row stride = E + stride_pad
   bool replay = true;
   Dist dist = Dist::normal;
-  int ctas = 0;  // forced grid size, 0 = heuristic
-  int row0 = 0;  // the distribution's first row: nan and special pick their rows' kind by row index
+  int ctas = 0;          // forced grid size, 0 = heuristic
+  int row0 = 0;          // the distribution's first row: nan and special pick their rows' kind by row index
+  bool general = false;  // one token through the general kernel instance instead of the one-token instance
 };
 
 // Host-side copy of one plan's fields for T tokens.
@@ -341,7 +342,7 @@ void check_case(const Case& c, uint64_t seed) {
 
   RoutePlan plan(shape, Device::cuda());
   poison_plan(plan.view());
-  detail::set_route_cuda_tuning({c.ctas});
+  detail::set_route_cuda_tuning({.ctas = c.ctas, .one_token_instance = !c.general});
   route(c.cfg, logits_view(d_logits.data(), c, T, in.stride, Device::cuda()), dev_bias, plan, nullptr, dev_replay);
   detail::set_route_cuda_tuning({});
   ck(cudaDeviceSynchronize(), "route");
@@ -360,9 +361,9 @@ void check_case(const Case& c, uint64_t seed) {
   if (c.replay) EXPECT_TRUE(same("replay", replay_got, replay_ref));
 }
 
-// One token (decode): every case above again at T = 1 (the one-token kernel up to E = 512, the fused kernel above),
-// then shapes aimed at the one-token kernel: one warp holding every winner, K = 32, E = 512 / 513 (its bound),
-// partial warps, groups of 1-64 experts, each row kind of the nan and special distributions.
+// One token (decode): every case above again at T = 1, through the one-token kernel instance and through the
+// general one; then one-token shapes: one warp holding every winner, K = 32, E = 1-513, partial warps, groups of
+// 1-64 experts, each row kind of the nan and special distributions.
 void one_token_cases(std::vector<Case>& v) {
   using M = RoutingMethod;
   const size_t n = v.size();
@@ -372,6 +373,9 @@ void one_token_cases(std::vector<Case>& v) {
     c.name += "_t1";
     c.tokens = 1;
     c.ctas = 0;
+    v.push_back(c);
+    c.name += "_general";
+    c.general = true;
     v.push_back(c);
   }
   auto add = [&](Case c) { v.push_back(std::move(c)); };

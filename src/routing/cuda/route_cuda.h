@@ -39,6 +39,8 @@ struct RouteCudaTuning {
   /// With one token, thread 32 stamps 2-7: 2 when warp 0's selection reaches warps 1-15, 3-5 coincide, 6 follows
   /// counts and offsets, 7 the slots' rows and blocks (warp 0's weights and slots, meanwhile, are not stamped).
   uint64_t* trace = nullptr;
+  /// false: calls of one token take the general kernel instance instead of the one-token instance (tests).
+  bool one_token_instance = true;
 };
 inline constexpr int kRouteTracePoints = 8;
 int64_t route_cuda_trace_words();

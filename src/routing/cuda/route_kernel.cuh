@@ -195,7 +195,8 @@ struct TinySegment {
 };
 
 /// Plan phases B and C for one token (T = 1, a single CTA), once `routed(k)` gives routed slot k's expert (k < K),
-/// by the threads c = 0 .. n - 1 of a crew (the warps other than warp 0, which computes the weights meanwhile).
+/// by the threads c = 0 .. n - 1 of a crew (the one-token instance: the warps other than warp 0, which computes the
+/// weights meanwhile; the general instance: every thread).
 /// The K routed experts are distinct and the shared slots are the groups E .. E + S - 1, so every non-empty group
 /// holds one row padded to one block, and group g's first row is B times the number of the token's groups below g.
 /// Every thread writes its groups' counts and offsets from the K experts, and thread c < Kt slot c's row and block:
@@ -317,7 +318,8 @@ __device__ __forceinline__ void tiny_plan(const RouteParams& p, const uint32_t* 
 }
 
 /// kOneToken: the instance for calls of one token (one CTA; warp 0 routes it, warps 1-15 build the plan), which
-/// leaves the token loop of the other instances free of its hand-off.
+/// leaves the token loop of the general instance free of its hand-off. The general instance handles one token as
+/// well (after a CTA barrier, the plan by every thread).
 template <class In, int NC, bool kSigmoid, bool kOneToken>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     route_fused_kernel(const __grid_constant__ RouteParams p) {
@@ -406,7 +408,11 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     // The histogram and bias rows (offset 0, >= 16 * 8 * 2 + 256 * 4 bytes) are free after phase A: the segment
     // table (32 x 16 B) and two words (at byte 1024) fit, at an address that needs no register.
     auto* seg = reinterpret_cast<TinySegment*>(smem);
-    tiny_plan(p, info_s, seg, reinterpret_cast<int*>(seg + 64));
+    if (T == 1)  // the general instance with one token (RouteCudaTuning::one_token_instance = false)
+      one_token_plan(
+          p, [&](int k) { return static_cast<int>(info_s[k] >> 16); }, tid, kThreads);
+    else
+      tiny_plan(p, info_s, seg, reinterpret_cast<int*>(seg + 64));
     return;
   }
 

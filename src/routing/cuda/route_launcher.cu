@@ -243,7 +243,8 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   attr.val.cooperative = 1;
   config.attrs = &attr;
   config.numAttrs = ctas > 1 ? 1 : 0;
-  check(cudaLaunchKernelEx(&config, T == 1 ? kernel.one_token : kernel.fn, p), "launch of route_fused_kernel");
+  const bool one_token = T == 1 && g_tuning.one_token_instance;
+  check(cudaLaunchKernelEx(&config, one_token ? kernel.one_token : kernel.fn, p), "launch of route_fused_kernel");
   check(cudaGetLastError(), "route_fused_kernel");
   g_last_ctas = ctas;
   g_last_tiny_plan = p.tiny != 0;
