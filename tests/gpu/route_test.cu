@@ -74,7 +74,7 @@ struct Case {
   Dist dist = Dist::normal;
   int ctas = 0;          // forced grid size, 0 = heuristic
   int row0 = 0;          // the distribution's first row: nan and special pick their rows' kind by row index
-  bool general = false;  // one token through the general kernel instance instead of the one-token instance
+  bool general = false;  // decode calls (T <= 8, T * Kt <= 32) through the general kernel instance
 };
 
 // Host-side copy of one plan's fields for T tokens.
@@ -342,7 +342,7 @@ void check_case(const Case& c, uint64_t seed) {
 
   RoutePlan plan(shape, Device::cuda());
   poison_plan(plan.view());
-  detail::set_route_cuda_tuning({.ctas = c.ctas, .one_token_instance = !c.general});
+  detail::set_route_cuda_tuning({.ctas = c.ctas, .decode_instance = !c.general});
   route(c.cfg, logits_view(d_logits.data(), c, T, in.stride, Device::cuda()), dev_bias, plan, nullptr, dev_replay);
   detail::set_route_cuda_tuning({});
   ck(cudaDeviceSynchronize(), "route");
@@ -361,10 +361,11 @@ void check_case(const Case& c, uint64_t seed) {
   if (c.replay) EXPECT_TRUE(same("replay", replay_got, replay_ref));
 }
 
-// One token (decode): every case above again at T = 1, through the one-token kernel instance and through the
-// general one; then one-token shapes: one warp holding every winner, K = 32, E = 1-513, partial warps, groups of
-// 1-64 experts, each row kind of the nan and special distributions.
-void one_token_cases(std::vector<Case>& v) {
+// Decode calls: every case above again at T = 1, through the decode kernel instance and through the general one, and
+// the cases of 2-8 tokens and at most 32 slots through the general one too; then one-token shapes (one warp holding
+// every winner, K = 32, E = 1-513, partial warps, groups of 1-64 experts, each row kind of the nan and special
+// distributions) and calls of 2-9 tokens.
+void decode_cases(std::vector<Case>& v) {
   using M = RoutingMethod;
   const size_t n = v.size();
   for (size_t i = 0; i < n; ++i) {
@@ -374,6 +375,13 @@ void one_token_cases(std::vector<Case>& v) {
     c.tokens = 1;
     c.ctas = 0;
     v.push_back(c);
+    c.name += "_general";
+    c.general = true;
+    v.push_back(c);
+  }
+  for (size_t i = 0; i < n; ++i) {  // the other decode calls through the general instance too
+    Case c = v[i];
+    if (c.tokens < 2 || c.tokens > 8 || c.tokens * c.cfg.slots() > 32 || c.ctas > 1) continue;
     c.name += "_general";
     c.general = true;
     v.push_back(c);
@@ -391,6 +399,24 @@ void one_token_cases(std::vector<Case>& v) {
     add(c);
   }
   add({"t1_k32_e512_bf16_b256", make_routing_config(M::softmax_topk, 512, 32, 0, false), 1, 256, DType::bf16});
+  // Decode calls of 2-9 tokens (the decode instance up to 8 tokens and 32 slots).
+  add({"decode_t2_e128_k8", make_routing_config(M::softmax_topk, 128, 8, 0, true), 2, 64});
+  for (int64_t tokens : {8, 9}) {
+    Case c{"decode_t" + std::to_string(tokens) + "_k2_ties", make_routing_config(M::topk_softmax, 64, 2), tokens, 4};
+    c.dist = Dist::ties;
+    add(c);
+  }
+  {
+    Case c{"decode_t4_warp_crowded", make_routing_config(M::softmax_topk, 256, 8), 4, 16};
+    c.dist = Dist::warp_crowded;
+    add(c);
+  }
+  {
+    Case c{"decode_t2_dsv3_bf16", make_routing_config(M::sigmoid_grouped, 256, 8, 0, true, 8, 4, 2.5f), 2, 64,
+           DType::bf16};
+    c.bias = true;
+    add(c);
+  }
   add({"t1_pre_scored_b1", make_routing_config(M::pre_scored, 96, 5, 0, true), 1, 1});
   add({"t1_llama4", make_routing_config(M::llama4, 128, 1, 1), 1, 4});
   for (auto [E, ng, kg, K] : {std::tuple{256, 256, 8, 8}, std::tuple{200, 8, 3, 8}, std::tuple{250, 10, 4, 12},
@@ -604,7 +630,7 @@ std::vector<Case> cases() {
     c.bias = true;
     add(c);
   }
-  one_token_cases(v);
+  decode_cases(v);
   return v;
 }
 

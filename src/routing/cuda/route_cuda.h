@@ -36,11 +36,13 @@ struct RouteCudaTuning {
   /// and earlier-CTA bases known (after the grid barrier when there is one), offsets scanned, slots scattered,
   /// padding written. Layout [cta][point][2]. Calls with at most 32 slots (T * Kt <= 32) build their plan in one
   /// step instead: points 3-5 coincide (slots ranked and scattered), 6 follows counts and offsets, 7 the padding.
-  /// With one token, thread 32 stamps 2-7: 2 when warp 0's selection reaches warps 1-15, 3-5 coincide, 6 follows
-  /// counts and offsets, 7 the slots' rows and blocks (warp 0's weights and slots, meanwhile, are not stamped).
+  /// In the decode instance (T <= 8), the crew's first thread stamps 2-7: 2 when the routing warps' selections
+  /// reach the warps without tokens, then the plan's steps as above (with one token, 3-5 coincide, 6 follows counts
+  /// and offsets, 7 the slots' rows and blocks); the routing warps' weights and slots, meanwhile, are not stamped.
   uint64_t* trace = nullptr;
-  /// false: calls of one token take the general kernel instance instead of the one-token instance (tests).
-  bool one_token_instance = true;
+  /// false: calls of at most 32 slots and 8 tokens take the general kernel instance instead of the decode instance
+  /// (tests).
+  bool decode_instance = true;
 };
 inline constexpr int kRouteTracePoints = 8;
 int64_t route_cuda_trace_words();

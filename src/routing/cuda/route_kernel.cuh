@@ -195,7 +195,7 @@ struct TinySegment {
 };
 
 /// Plan phases B and C for one token (T = 1, a single CTA), once `routed(k)` gives routed slot k's expert (k < K),
-/// by the threads c = 0 .. n - 1 of a crew (the one-token instance: the warps other than warp 0, which computes the
+/// by the threads c = 0 .. n - 1 of a crew (the decode instance: the warps other than warp 0, which computes the
 /// weights meanwhile; the general instance: every thread).
 /// The K routed experts are distinct and the shared slots are the groups E .. E + S - 1, so every non-empty group
 /// holds one row padded to one block, and group g's first row is B times the number of the token's groups below g.
@@ -243,20 +243,23 @@ __device__ __forceinline__ void one_token_plan(const RouteParams& p, Routed rout
   trace_point_by(p, 7, c == 0);
 }
 
-/// Plan phases B and C for a single CTA with n = T * Kt <= 32 slots and more than one token, after phase A stored
-/// each routed slot's (expert << 16 | rank) in info[t * K + k] (one token per warp: every rank is 0). Warp 0: lane s
-/// holds slot s's group; its rank among the slots of its group (match_any; lanes are in ascending token order) is
-/// its row in the segment, and one pass over the lanes gives every slot the padded rows and the number of the
-/// segments below its group. The segments go to a table in shared memory in group order;
-/// then every thread writes its share of counts and offsets (a binary search per group) and block_experts (padding
-/// rows and blocks past the extent: prefill_plan()).
-__device__ __forceinline__ void tiny_plan(const RouteParams& p, const uint32_t* info, TinySegment* seg, int* nseg) {
+/// Plan phases B and C for a single CTA with T * Kt <= 32 slots and more than one token, once `routed(t, k)` gives
+/// token t's routed slot k's expert, by the threads c = 0 .. n - 1 of a crew (whole warps; `sync` is a barrier of
+/// the crew). The crew's first warp: lane s holds slot s's group; its rank among the slots of its group
+/// (match_any; lanes are in ascending token order) is its row in the segment, and one pass over the lanes gives
+/// every slot the padded rows and the number of the segments below its group. The segments go to a table in shared
+/// memory (`seg`, 32 entries, and `nseg`, 2 words) in group order; then every thread writes its share of counts and
+/// offsets (a binary search per group) and block_experts (padding rows and blocks past the extent:
+/// prefill_plan()).
+template <class Routed, class Sync>
+__device__ __forceinline__ void tiny_plan(const RouteParams& p, Routed routed, TinySegment* seg, int* nseg, int c,
+                                          int n, Sync sync) {
   const int E = p.experts, G = p.groups, K = p.top_k, Kt = p.slots, B = p.block;
-  const int n = p.tokens * Kt, tid = threadIdx.x, lane = tid & 31;
-  if (tid < 32) {
+  const int slots = p.tokens * Kt, lane = c & 31;
+  if (c < 32) {
     const int t = static_cast<int>(rm::magic_div(lane, p.slot_magic)), k = lane - t * Kt;  // lane / Kt, lane % Kt
-    const bool valid = lane < n;
-    const int g = !valid ? G : (k < K ? static_cast<int>(info[t * K + k] >> 16) : E + k - K);
+    const bool valid = lane < slots;
+    const int g = !valid ? G : (k < K ? routed(t, k) : E + k - K);
     const uint32_t lt = (1u << lane) - 1u;
     const uint32_t same = __match_any_sync(kFullMask, g);
     const int count = __popc(same), rank = __popc(same & lt);
@@ -293,12 +296,12 @@ __device__ __forceinline__ void tiny_plan(const RouteParams& p, const uint32_t* 
       p.extent[1] = static_cast<int>(rm::magic_div(used, p.block_magic));
     }
   }
-  __syncthreads();
-  trace_point(p, 3);  // the tiny plan has no count, totals or scan phases: their stamps coincide
-  trace_point(p, 4);
-  trace_point(p, 5);
+  sync();
+  trace_point_by(p, 3, c == 0);  // the tiny plan has no count, totals or scan phases: their stamps coincide
+  trace_point_by(p, 4, c == 0);
+  trace_point_by(p, 5, c == 0);
   const int ns = nseg[0], used = nseg[1];
-  for (int g = tid; g < G; g += kThreads) {
+  for (int g = c; g < G; g += n) {
     int lo = 0;  // first segment whose group is >= g
     for (int step = 32; step > 0; step >>= 1)
       if (lo + step <= ns && seg[lo + step - 1].group < g) lo += step;
@@ -306,21 +309,25 @@ __device__ __forceinline__ void tiny_plan(const RouteParams& p, const uint32_t* 
     p.expert_counts[g] = here ? seg[lo].count : 0;
     p.expert_offsets[g] = lo < ns ? seg[lo].offset : used;
   }
-  trace_point(p, 6);
+  trace_point_by(p, 6, c == 0);
   // Each warp takes segments: their blocks' expert (padding rows and blocks past the extent: prefill_plan()).
-  const int warp = tid >> 5;
-  for (int i = warp; i < ns; i += kWarps) {
+  for (int i = c >> 5; i < ns; i += n >> 5) {
     const TinySegment s = seg[i];
     const int b1 = plan_div(p, s.offset + s.padded, B, p.block_magic);
     for (int b = plan_div(p, s.offset, B, p.block_magic) + lane; b < b1; b += 32) p.block_experts[b] = s.group;
   }
-  trace_point(p, 7);
+  trace_point_by(p, 7, c == 0);
 }
 
-/// kOneToken: the instance for calls of one token (one CTA; warp 0 routes it, warps 1-15 build the plan), which
-/// leaves the token loop of the general instance free of its hand-off. The general instance handles one token as
-/// well (after a CTA barrier, the plan by every thread).
-template <class In, int NC, bool kSigmoid, bool kOneToken>
+/// Calls of at most kDecodeTokens tokens and 32 slots take the decode instance (kDecode): one CTA, warp t routes
+/// token t and writes its slots while the warps without tokens (the crew) build the plan as soon as every routing
+/// warp has selected its experts (a named barrier). That leaves the token loop of the general instance free of the
+/// hand-off; the general instance handles these calls as well (after a CTA barrier, the plan by every thread).
+/// A crew of 8 warps or more: with 15 tokens (E = 8, K = 2) a one-warp crew made the call 1.11x slower than the
+/// general instance.
+inline constexpr int kDecodeTokens = 8;
+inline constexpr int kCrewBarrier = 2;  // the crew's own barrier (0: __syncthreads(), 1: kSelectedBarrier)
+template <class In, int NC, bool kSigmoid, bool kDecode>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     route_fused_kernel(const __grid_constant__ RouteParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -374,17 +381,28 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   trace_point(p, 1);
   if (prefill_warp0 > 0 && warp >= prefill_warp0) prefill_plan(p, T * Kt, prefill_warp0);
 
-  // A. Route this warp's tokens, loading the next row while the current one is selected. One token: warp 0 routes
-  // it and writes its slots while the other warps build the plan from its selection.
-  if constexpr (kOneToken) {
-    if (warp == 0) {
-      route_token<In, NC, kSigmoid, true>(p, 0, row, -1, lane, bias_s, hist, ws, sel, cand);
+  // A. Route this warp's tokens, loading the next row while the current one is selected. The decode instance: warp t
+  // routes token t and writes its slots, the crew builds the plan from the routing warps' `sel`.
+  if constexpr (kDecode) {
+    if (warp < T) {
+      route_token<In, NC, kSigmoid, true>(p, warp, row, -1, lane, bias_s, hist, ws, sel, cand);
     } else {
-      wait_selected();  // warp 0 arrived once its selection was in its `sel`
-      trace_point_by(p, 2, tid == 32);
-      const uint2* selected = reinterpret_cast<const uint2*>(smem + L.sel);  // warp 0's (expert, value) pairs
-      one_token_plan(
-          p, [&](int k) { return static_cast<int>(selected[k].x); }, tid - 32, kThreads - 32);
+      wait_selected();  // every routing warp arrived once its selection was in its `sel`
+      const int c = tid - T * 32, n = kThreads - T * 32;
+      trace_point_by(p, 2, c == 0);
+      const uint2* selected = reinterpret_cast<const uint2*>(smem + L.sel);  // [warp][32] (expert, value)
+      if (T == 1) {
+        one_token_plan(
+            p, [&](int k) { return static_cast<int>(selected[k].x); }, c, n);
+      } else {
+        // The segment table in the crew's first warp's candidate scratch, its two words in that warp's `sel`.
+        auto* seg = reinterpret_cast<TinySegment*>(smem + L.cand) + T * 32;
+        auto* nseg = reinterpret_cast<int*>(reinterpret_cast<uint2*>(smem + L.sel) + T * 32);
+        tiny_plan(
+            p, [&](int t, int k) { return static_cast<int>(selected[t * 32 + k].x); }, seg, nseg, c, n,
+            [n] { asm volatile("bar.sync %0, %1;" ::"n"(kCrewBarrier), "r"(n)
+                               : "memory"); });
+      }
     }
     return;
   }
@@ -408,11 +426,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     // The histogram and bias rows (offset 0, >= 16 * 8 * 2 + 256 * 4 bytes) are free after phase A: the segment
     // table (32 x 16 B) and two words (at byte 1024) fit, at an address that needs no register.
     auto* seg = reinterpret_cast<TinySegment*>(smem);
-    if (T == 1)  // the general instance with one token (RouteCudaTuning::one_token_instance = false)
+    if (T == 1)
       one_token_plan(
           p, [&](int k) { return static_cast<int>(info_s[k] >> 16); }, tid, kThreads);
     else
-      tiny_plan(p, info_s, seg, reinterpret_cast<int*>(seg + 64));
+      tiny_plan(
+          p, [&](int t, int k) { return static_cast<int>(info_s[t * K + k] >> 16); }, seg,
+          reinterpret_cast<int*>(seg + 64), tid, kThreads, [] { __syncthreads(); });
     return;
   }
 

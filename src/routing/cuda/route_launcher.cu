@@ -30,7 +30,7 @@ struct KernelEntry {
   int chunks;    // NC: 16-byte vectors per lane
   bool sigmoid;  // keys are sigmoid(logit) + bias (sigmoid_grouped), else logit + bias
   KernelFn fn;
-  KernelFn one_token;  // the instance for T = 1
+  KernelFn decode;  // the instance for calls of at most router::kDecodeTokens tokens and 32 slots
 };
 
 template <class In, int NC, bool kSigmoid>
@@ -86,7 +86,7 @@ GridLimits grid_limits(const KernelEntry& k, int smem_bytes, int device) {
   const auto attr_key = std::make_tuple(k.fn, device, -1);
   if (cache.find(attr_key) == cache.end()) {
     const int largest = SmemLayout::make(kMaxExperts, kMaxExperts + kMaxSlots, true, router::kInfoCap).total;
-    for (KernelFn fn : {k.fn, k.one_token})
+    for (KernelFn fn : {k.fn, k.decode})
       check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, largest),
             "cudaFuncSetAttribute(route_fused_kernel)");
     cache.emplace(attr_key, GridLimits{});
@@ -243,8 +243,8 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   attr.val.cooperative = 1;
   config.attrs = &attr;
   config.numAttrs = ctas > 1 ? 1 : 0;
-  const bool one_token = T == 1 && g_tuning.one_token_instance;
-  check(cudaLaunchKernelEx(&config, one_token ? kernel.one_token : kernel.fn, p), "launch of route_fused_kernel");
+  const bool decode = p.tiny && T <= router::kDecodeTokens && g_tuning.decode_instance;
+  check(cudaLaunchKernelEx(&config, decode ? kernel.decode : kernel.fn, p), "launch of route_fused_kernel");
   check(cudaGetLastError(), "route_fused_kernel");
   g_last_ctas = ctas;
   g_last_tiny_plan = p.tiny != 0;

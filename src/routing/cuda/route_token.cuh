@@ -80,8 +80,9 @@ __device__ __forceinline__ void trace_point(const RouteParams& p, int i) {
   trace_point_by(p, i, threadIdx.x == 0);
 }
 
-/// With one token, warp 0 hands its selection (`sel`) to the other warps of the CTA by a named barrier: it arrives
-/// without waiting (its shared-memory stores before the arrival are visible to the waiters), they wait.
+/// In the decode instance, the routing warps hand their selections (`sel`) to the warps without tokens by a named
+/// barrier: they arrive without waiting (their shared-memory stores before the arrival are visible to the waiters),
+/// the others wait.
 inline constexpr int kSelectedBarrier = 1;  // barrier 0 is __syncthreads()'s
 __device__ __forceinline__ void arrive_selected() {
   asm volatile("bar.arrive %0, %1;" ::"n"(kSelectedBarrier), "r"(blockDim.x) : "memory");
@@ -458,9 +459,9 @@ __device__ __forceinline__ void limit_groups(const RouteParams& p, uint32_t (&k)
 /// key's order). `sel` is 32 (expert, value) pairs and `cand` 32 candidates of per-warp shared scratch. Writes the
 /// token's ids, weights and replay row; returns (expert << 16 | rank in warp) of slot `lane` (lanes < K; ranks count
 /// earlier tokens of this warp, so the plan is deterministic) and bumps the warp's histogram; a tiny plan (one token
-/// per warp: every rank 0) needs neither. kOneToken: the call's only token, whose selection is handed to the other
-/// warps (arrive_selected()) before the weights.
-template <class In, int NC, bool kSigmoid, bool kOneToken>
+/// per warp: every rank 0) needs neither. kHandOff: the selection is handed to the warps without tokens
+/// (arrive_selected()) before the weights.
+template <class In, int NC, bool kSigmoid, bool kHandOff>
 __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t, RowRegs<In, NC>& row, int64_t next,
                                                 int lane, const float* bias_s, uint16_t* hist, const WarpScratch& ws,
                                                 uint2* sel, uint4* cand) {
@@ -591,7 +592,7 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
   }
   __syncwarp();
   if constexpr (!kSigmoid && VPT > 16) softmax_stats();
-  if constexpr (kOneToken) arrive_selected();  // the other warps build the plan while this one computes the weights
+  if constexpr (kHandOff) arrive_selected();  // the other warps build the plan while this one computes the weights
 
   // Weights of the K routed slots (lane r holds slot r).
   const bool routed = lane < K;
