@@ -80,12 +80,11 @@ std::string route_markdown(const std::vector<RouteResult>& results, const Ceilin
     bool any_tiny = false;
     for (const RouteResult& r : results) any_tiny |= r.phases.samples > 0 && r.tiny_plan;
     if (any_tiny)
-      s +=
-          "\nCalls with T * Kt <= 32 on one CTA build their plan in one step: there *count* is ranking and "
-          "scattering the slots, *totals* and *offsets* are empty, *scatter* is writing counts and offsets and "
-          "*padding* blocks and padding. With one token *route* ends when warp 0's selection reaches the other warps "
-          "(thread 32 stamps the rest), *count* is empty too and *padding* is the slots' rows and blocks; warp 0's "
-          "weights run beside the plan, unstamped.\n";
+      s += "\nCalls with T * Kt <= 32 on one CTA build their plan in one step: there *count* is ranking and "
+           "scattering the slots, *totals* and *offsets* are empty, *scatter* is writing counts and offsets and "
+           "*padding* blocks and padding. With one token *count* is empty too and *padding* is the slots' rows and "
+           "blocks. Up to 8 tokens *route* ends when the routing warps' selections reach the warps without tokens, "
+           "whose first thread stamps the rest; the routing warps' weights run beside the plan, unstamped.\n";
   }
   for (const RouteResult& r : results)
     if (r.kernel.samples > 0 && r.timing_source != "cupti") {

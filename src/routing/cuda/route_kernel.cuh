@@ -10,8 +10,9 @@
 // A single CTA (small T) needs no barrier and no workspace. When a call has at most 32 slots (T * Kt <= 32, decode),
 // B and C collapse into tiny_plan(): one warp ranks the slots by group and the CTA writes the plan from the <= 32
 // non-empty segments, without histograms or a block scan; one token's plan (one_token_plan()) is a single pass of
-// every thread over its K experts, by warps 1-15 as soon as warp 0 has selected them (a named barrier), while warp 0
-// computes the weights. The grid barrier's arrival count only grows (mod 2^32), and an epoch word says
+// every thread over its K experts. Up to 8 tokens (the decode instance) the warps without tokens build that plan as
+// soon as the routing warps have selected their experts (a named barrier), while the routing warps compute the
+// weights. The grid barrier's arrival count only grows (mod 2^32), and an epoch word says
 // where this call's arrivals start and the call's parity; the totals are double-buffered by that parity (the
 // buffer of the next call is zeroed during this one), so graph replays need no re-initialization. Cross-CTA data
 // is read with ld.cg (L2).
