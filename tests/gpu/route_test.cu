@@ -74,7 +74,7 @@ struct Case {
   Dist dist = Dist::normal;
   int ctas = 0;          // forced grid size, 0 = heuristic
   int row0 = 0;          // the distribution's first row: nan and special pick their rows' kind by row index
-  bool general = false;  // decode calls (T <= 8, T * Kt <= 32) through the general kernel instance
+  bool general = false;  // decode calls (T <= 8, one CTA) through the general kernel instance
 };
 
 // Host-side copy of one plan's fields for T tokens.
@@ -362,7 +362,7 @@ void check_case(const Case& c, uint64_t seed) {
 }
 
 // Decode calls: every case above again at T = 1, through the decode kernel instance and through the general one, and
-// the cases of 2-8 tokens and at most 32 slots through the general one too; then one-token shapes (one warp holding
+// the cases of 2-8 tokens through the general one too; then one-token shapes (one warp holding
 // every winner, K = 32, E = 1-513, partial warps, groups of 1-64 experts, each row kind of the nan and special
 // distributions) and calls of 2-9 tokens.
 void decode_cases(std::vector<Case>& v) {
@@ -381,7 +381,7 @@ void decode_cases(std::vector<Case>& v) {
   }
   for (size_t i = 0; i < n; ++i) {  // the other decode calls through the general instance too
     Case c = v[i];
-    if (c.tokens < 2 || c.tokens > 8 || c.tokens * c.cfg.slots() > 32 || c.ctas > 1) continue;
+    if (c.tokens < 2 || c.tokens > 8 || c.ctas > 1) continue;
     c.name += "_general";
     c.general = true;
     v.push_back(c);
@@ -399,7 +399,7 @@ void decode_cases(std::vector<Case>& v) {
     add(c);
   }
   add({"t1_k32_e512_bf16_b256", make_routing_config(M::softmax_topk, 512, 32, 0, false), 1, 256, DType::bf16});
-  // Decode calls of 2-9 tokens (the decode instance up to 8 tokens and 32 slots).
+  // Decode calls of 2-9 tokens (the decode instances up to 8 tokens).
   add({"decode_t2_e128_k8", make_routing_config(M::softmax_topk, 128, 8, 0, true), 2, 64});
   for (int64_t tokens : {8, 9}) {
     Case c{"decode_t" + std::to_string(tokens) + "_k2_ties", make_routing_config(M::topk_softmax, 64, 2), tokens, 4};
@@ -409,6 +409,13 @@ void decode_cases(std::vector<Case>& v) {
   {
     Case c{"decode_t4_warp_crowded", make_routing_config(M::softmax_topk, 256, 8), 4, 16};
     c.dist = Dist::warp_crowded;
+    add(c);
+  }
+  add({"decode_t8_e1024_k32_bf16", make_routing_config(M::softmax_topk, 1024, 32), 8, 32, DType::bf16});
+  {
+    Case c{"decode_t5_grouped_shared", make_routing_config(M::sigmoid_grouped, 256, 8, 2, true, 8, 4, 2.5f), 5, 16};
+    c.bias = true;
+    c.dist = Dist::coarse;
     add(c);
   }
   {

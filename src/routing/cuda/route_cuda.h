@@ -36,12 +36,12 @@ struct RouteCudaTuning {
   /// and earlier-CTA bases known (after the grid barrier when there is one), offsets scanned, slots scattered,
   /// padding written. Layout [cta][point][2]. Calls with at most 32 slots (T * Kt <= 32) build their plan in one
   /// step instead: points 3-5 coincide (slots ranked and scattered), 6 follows counts and offsets, 7 the padding.
-  /// In the decode instance (T <= 8), the crew's first thread stamps 2-7: 2 when the routing warps' selections
-  /// reach the warps without tokens, then the plan's steps as above (with one token, 3-5 coincide, 6 follows counts
-  /// and offsets, 7 the slots' rows and blocks); the routing warps' weights and slots, meanwhile, are not stamped.
+  /// In the decode instances (T <= 8, one CTA), the crew's first thread stamps 2: when the routing warps'
+  /// selections reach the warps without tokens (whose counts then precede point 3). With T * Kt <= 32 it stamps 3-7
+  /// too, the plan's steps as above (with one token, 3-5 coincide, 6 follows counts and offsets, 7 the slots' rows
+  /// and blocks); the routing warps' weights and slots, meanwhile, are not stamped.
   uint64_t* trace = nullptr;
-  /// false: calls of at most 32 slots and 8 tokens take the general kernel instance instead of the decode instance
-  /// (tests).
+  /// false: calls of at most 8 tokens take the general kernel instance instead of a decode instance (tests).
   bool decode_instance = true;
 };
 inline constexpr int kRouteTracePoints = 8;

@@ -10,11 +10,11 @@
 // A single CTA (small T) needs no barrier and no workspace. When a call has at most 32 slots (T * Kt <= 32, decode),
 // B and C collapse into tiny_plan(): one warp ranks the slots by group and the CTA writes the plan from the <= 32
 // non-empty segments, without histograms or a block scan; one token's plan (one_token_plan()) is a single pass of
-// every thread over its K experts. Up to 8 tokens (the decode instance) the warps without tokens build that plan as
-// soon as the routing warps have selected their experts (a named barrier), while the routing warps compute the
-// weights. The grid barrier's arrival count only grows (mod 2^32), and an epoch word says
-// where this call's arrivals start and the call's parity; the totals are double-buffered by that parity (the
-// buffer of the next call is zeroed during this one), so graph replays need no re-initialization. Cross-CTA data
+// every thread over its K experts. Up to 8 tokens (the decode instances) the warps without tokens build that plan, or
+// count the histograms of a larger one, as soon as the routing warps have selected their experts (a named barrier),
+// while the routing warps compute the weights. The grid barrier's arrival count only grows (mod 2^32), and an epoch
+// word says where this call's arrivals start and the call's parity; the totals are double-buffered by that parity
+// (the buffer of the next call is zeroed during this one), so graph replays need no re-initialization. Cross-CTA data
 // is read with ld.cg (L2).
 #pragma once
 
@@ -196,7 +196,7 @@ struct TinySegment {
 };
 
 /// Plan phases B and C for one token (T = 1, a single CTA), once `routed(k)` gives routed slot k's expert (k < K),
-/// by the threads c = 0 .. n - 1 of a crew (the decode instance: the warps other than warp 0, which computes the
+/// by the threads c = 0 .. n - 1 of a crew (a decode instance: the warps other than warp 0, which computes the
 /// weights meanwhile; the general instance: every thread).
 /// The K routed experts are distinct and the shared slots are the groups E .. E + S - 1, so every non-empty group
 /// holds one row padded to one block, and group g's first row is B times the number of the token's groups below g.
@@ -320,15 +320,15 @@ __device__ __forceinline__ void tiny_plan(const RouteParams& p, Routed routed, T
   trace_point_by(p, 7, c == 0);
 }
 
-/// Calls of at most kDecodeTokens tokens and 32 slots take the decode instance (kDecode): one CTA, warp t routes
-/// token t and writes its slots while the warps without tokens (the crew) build the plan as soon as every routing
-/// warp has selected its experts (a named barrier). That leaves the token loop of the general instance free of the
-/// hand-off; the general instance handles these calls as well (after a CTA barrier, the plan by every thread).
-/// A crew of 8 warps or more: with 15 tokens (E = 8, K = 2) a one-warp crew made the call 1.11x slower than the
-/// general instance.
+/// Calls of at most kDecodeTokens tokens on one CTA take a decode instance (kHandOff != HandOff::none): warp t routes
+/// token t and writes its slots while the warps without tokens (the crew), as soon as every routing warp has
+/// selected its experts (a named barrier), build the plan (T * Kt <= 32: HandOff::plan) or count the histograms
+/// (phase B's first step: HandOff::counts). That leaves the token loop of the general instances free of the
+/// hand-off; the general instances handle these calls as well. A crew of 8 warps or more: with 15 tokens (E = 8,
+/// K = 2) a one-warp crew made the call 1.11x slower than the general instance.
 inline constexpr int kDecodeTokens = 8;
 inline constexpr int kCrewBarrier = 2;  // the crew's own barrier (0: __syncthreads(), 1: kSelectedBarrier)
-template <class In, int NC, bool kSigmoid, bool kDecode>
+template <class In, int NC, bool kSigmoid, HandOff kHandOff>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     route_fused_kernel(const __grid_constant__ RouteParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
@@ -384,15 +384,23 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
 
   // A. Route this warp's tokens, loading the next row while the current one is selected. The decode instance: warp t
   // routes token t and writes its slots, the crew builds the plan from the routing warps' `sel`.
-  if constexpr (kDecode) {
+  if constexpr (kHandOff != HandOff::none) {
     if (warp < T) {
-      route_token<In, NC, kSigmoid, true>(p, warp, row, -1, lane, bias_s, hist, ws, sel, cand);
+      const uint32_t info = route_token<In, NC, kSigmoid, kHandOff>(
+          p, warp, row, -1, lane, bias_s, kHandOff == HandOff::counts ? hist + warp * e_pad : hist, ws, sel, cand);
+      if constexpr (kHandOff == HandOff::counts)
+        if (lane < K) info_s[warp * K + lane] = info;
     } else {
-      wait_selected();  // every routing warp arrived once its selection was in its `sel`
+      wait_selected();  // every routing warp's selection is in its `sel` (and, for counts, its histogram)
       const int c = tid - T * 32, n = kThreads - T * 32;
       trace_point_by(p, 2, c == 0);
       const uint2* selected = reinterpret_cast<const uint2*>(smem + L.sel);  // [warp][32] (expert, value)
-      if (T == 1) {
+      if constexpr (kHandOff == HandOff::counts) {  // the general code's nb == 1 counts, into cnt_s
+        for (int g = c; g < G; g += n) {
+          if (g < E) base_s[g] = 0;
+          cnt_s[g] = g < E ? warp_prefixes(hist, g, e_pad, T) : T;
+        }
+      } else if (T == 1) {
         one_token_plan(
             p, [&](int k) { return static_cast<int>(selected[k].x); }, c, n);
       } else {
@@ -405,13 +413,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
                                : "memory"); });
       }
     }
-    return;
-  }
-  {
+    if constexpr (kHandOff == HandOff::plan) return;
+  } else {
     uint16_t* my_hist = hist + warp * e_pad;
     for (int t = t0; t < t1; ++t) {
-      const uint32_t info = route_token<In, NC, kSigmoid, false>(p, t, row, t + 1 < t1 ? t + 1 : -1, lane, bias_s,
-                                                                 my_hist, ws, sel, cand);
+      const uint32_t info = route_token<In, NC, kSigmoid, HandOff::none>(p, t, row, t + 1 < t1 ? t + 1 : -1, lane,
+                                                                         bias_s, my_hist, ws, sel, cand);
       if (lane < K) {
         if (p.info_words > 0)
           info_s[(t - cta_t0) * K + lane] = info;
@@ -422,19 +429,21 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     }
   }
   __syncthreads();
-  trace_point(p, 2);
-  if (p.tiny) {
-    // The histogram and bias rows (offset 0, >= 16 * 8 * 2 + 256 * 4 bytes) are free after phase A: the segment
-    // table (32 x 16 B) and two words (at byte 1024) fit, at an address that needs no register.
-    auto* seg = reinterpret_cast<TinySegment*>(smem);
-    if (T == 1)
-      one_token_plan(
-          p, [&](int k) { return static_cast<int>(info_s[k] >> 16); }, tid, kThreads);
-    else
-      tiny_plan(
-          p, [&](int t, int k) { return static_cast<int>(info_s[t * K + k] >> 16); }, seg,
-          reinterpret_cast<int*>(seg + 64), tid, kThreads, [] { __syncthreads(); });
-    return;
+  if constexpr (kHandOff == HandOff::none) {
+    trace_point(p, 2);
+    if (p.tiny) {
+      // The histogram and bias rows (offset 0, >= 16 * 8 * 2 + 256 * 4 bytes) are free after phase A: the segment
+      // table (32 x 16 B) and two words (at byte 1024) fit, at an address that needs no register.
+      auto* seg = reinterpret_cast<TinySegment*>(smem);
+      if (T == 1)
+        one_token_plan(
+            p, [&](int k) { return static_cast<int>(info_s[k] >> 16); }, tid, kThreads);
+      else
+        tiny_plan(
+            p, [&](int t, int k) { return static_cast<int>(info_s[t * K + k] >> 16); }, seg,
+            reinterpret_cast<int*>(seg + 64), tid, kThreads, [] { __syncthreads(); });
+      return;
+    }
   }
 
   // B. Counts: group g's count goes to the thread that owns it in the scan (kGroupsPerThread consecutive groups
@@ -447,8 +456,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
 #pragma unroll
     for (int i = 0; i < kGroupsPerThread; ++i) {
       const int g = g0 + i;
-      if (g < E) base_s[g] = 0;
-      cnt[i] = g < E ? warp_prefixes(hist, g, e_pad, active_warps) : (g < G ? T : 0);
+      if constexpr (kHandOff == HandOff::counts) {  // the crew counted
+        cnt[i] = g < G ? cnt_s[g] : 0;
+      } else {
+        if (g < E) base_s[g] = 0;
+        cnt[i] = g < E ? warp_prefixes(hist, g, e_pad, active_warps) : (g < G ? T : 0);
+      }
     }
     trace_point(p, 3);
   } else {

@@ -30,13 +30,19 @@ struct KernelEntry {
   int chunks;    // NC: 16-byte vectors per lane
   bool sigmoid;  // keys are sigmoid(logit) + bias (sigmoid_grouped), else logit + bias
   KernelFn fn;
-  KernelFn decode;  // the instance for calls of at most router::kDecodeTokens tokens and 32 slots
+  KernelFn decode_plan;    // calls of at most router::kDecodeTokens tokens and 32 slots
+  KernelFn decode_counts;  // other calls of at most router::kDecodeTokens tokens on one CTA
 };
 
 template <class In, int NC, bool kSigmoid>
 constexpr KernelEntry entry(DType dtype) {
-  return {dtype, NC, kSigmoid, router::route_fused_kernel<In, NC, kSigmoid, false>,
-          router::route_fused_kernel<In, NC, kSigmoid, true>};
+  using router::HandOff;
+  return {dtype,
+          NC,
+          kSigmoid,
+          router::route_fused_kernel<In, NC, kSigmoid, HandOff::none>,
+          router::route_fused_kernel<In, NC, kSigmoid, HandOff::plan>,
+          router::route_fused_kernel<In, NC, kSigmoid, HandOff::counts>};
 }
 
 // Expert capacity of an entry: 32 lanes * NC vectors * (16 / sizeof(element)).
@@ -86,7 +92,7 @@ GridLimits grid_limits(const KernelEntry& k, int smem_bytes, int device) {
   const auto attr_key = std::make_tuple(k.fn, device, -1);
   if (cache.find(attr_key) == cache.end()) {
     const int largest = SmemLayout::make(kMaxExperts, kMaxExperts + kMaxSlots, true, router::kInfoCap).total;
-    for (KernelFn fn : {k.fn, k.decode})
+    for (KernelFn fn : {k.fn, k.decode_plan, k.decode_counts})
       check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, largest),
             "cudaFuncSetAttribute(route_fused_kernel)");
     cache.emplace(attr_key, GridLimits{});
@@ -243,8 +249,10 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   attr.val.cooperative = 1;
   config.attrs = &attr;
   config.numAttrs = ctas > 1 ? 1 : 0;
-  const bool decode = p.tiny && T <= router::kDecodeTokens && g_tuning.decode_instance;
-  check(cudaLaunchKernelEx(&config, decode ? kernel.decode : kernel.fn, p), "launch of route_fused_kernel");
+  KernelFn fn = kernel.fn;
+  if (ctas == 1 && T <= router::kDecodeTokens && g_tuning.decode_instance)
+    fn = p.tiny ? kernel.decode_plan : kernel.decode_counts;
+  check(cudaLaunchKernelEx(&config, fn, p), "launch of route_fused_kernel");
   check(cudaGetLastError(), "route_fused_kernel");
   g_last_ctas = ctas;
   g_last_tiny_plan = p.tiny != 0;

@@ -91,6 +91,11 @@ __device__ __forceinline__ void wait_selected() {
   asm volatile("bar.sync %0, %1;" ::"n"(kSelectedBarrier), "r"(blockDim.x) : "memory");
 }
 
+/// What a routing warp hands to the warps without tokens after its selection (decode calls of one CTA, one token per
+/// warp): nothing (the general instances), its selected experts for the plan (arrive_selected(); T * Kt <= 32), or
+/// its selection counted in its histogram for phase B's counts (wait_selected(), a full barrier of the CTA).
+enum class HandOff { none, plan, counts };
+
 /// Raw bf16 bits, so the device code needs no cuda_bf16 header.
 struct Bf16 {
   uint16_t bits;
@@ -459,9 +464,9 @@ __device__ __forceinline__ void limit_groups(const RouteParams& p, uint32_t (&k)
 /// key's order). `sel` is 32 (expert, value) pairs and `cand` 32 candidates of per-warp shared scratch. Writes the
 /// token's ids, weights and replay row; returns (expert << 16 | rank in warp) of slot `lane` (lanes < K; ranks count
 /// earlier tokens of this warp, so the plan is deterministic) and bumps the warp's histogram; a tiny plan (one token
-/// per warp: every rank 0) needs neither. kHandOff: the selection is handed to the warps without tokens
-/// (arrive_selected()) before the weights.
-template <class In, int NC, bool kSigmoid, bool kHandOff>
+/// per warp: every rank 0) needs neither. kHandOff: the selection is handed to the warps without tokens before the
+/// weights (HandOff).
+template <class In, int NC, bool kSigmoid, HandOff kHandOff>
 __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t, RowRegs<In, NC>& row, int64_t next,
                                                 int lane, const float* bias_s, uint16_t* hist, const WarpScratch& ws,
                                                 uint2* sel, uint4* cand) {
@@ -592,13 +597,17 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
   }
   __syncwarp();
   if constexpr (!kSigmoid && VPT > 16) softmax_stats();
-  if constexpr (kHandOff) arrive_selected();  // the other warps build the plan while this one computes the weights
+  if constexpr (kHandOff == HandOff::plan) arrive_selected();  // the others build the plan meanwhile
 
   // Weights of the K routed slots (lane r holds slot r).
   const bool routed = lane < K;
   const uint2 chosen = routed ? reinterpret_cast<const uint2*>(sel)[lane] : make_uint2(0, 0);
   const int expert = static_cast<int>(chosen.x);
   const float raw = __uint_as_float(chosen.y);
+  if constexpr (kHandOff == HandOff::counts) {  // one token per warp: its slots' ranks are 0
+    if (routed) hist[expert] = 1;
+    wait_selected();  // the others count the histograms meanwhile
+  }
   float w = 0.0f;
   switch (method) {
     case RoutingMethod::softmax_topk:
@@ -632,7 +641,7 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
   uint32_t info = 0;
   if (routed) {
     info = static_cast<uint32_t>(expert) << 16;
-    if (!p.tiny) {
+    if (!p.tiny && kHandOff != HandOff::counts) {
       const uint32_t r = hist[expert];
       hist[expert] = static_cast<uint16_t>(r + 1);
       info |= r;
