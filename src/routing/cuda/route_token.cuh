@@ -80,9 +80,9 @@ __device__ __forceinline__ void trace_point(const RouteParams& p, int i) {
   trace_point_by(p, i, threadIdx.x == 0);
 }
 
-/// In the decode instance, the routing warps hand their selections (`sel`) to the warps without tokens by a named
-/// barrier: they arrive without waiting (their shared-memory stores before the arrival are visible to the waiters),
-/// the others wait.
+/// In the decode instances, the routing warps hand their selections (`sel`) to the warps without tokens by a named
+/// barrier of the whole CTA: arrive_selected() arrives without waiting (the caller's shared-memory stores before the
+/// arrival are visible to the waiters), wait_selected() waits for every thread.
 inline constexpr int kSelectedBarrier = 1;  // barrier 0 is __syncthreads()'s
 __device__ __forceinline__ void arrive_selected() {
   asm volatile("bar.arrive %0, %1;" ::"n"(kSelectedBarrier), "r"(blockDim.x) : "memory");
