@@ -252,7 +252,7 @@ __device__ __forceinline__ void one_token_plan(const RouteParams& p, Routed rout
 /// memory (`seg`, 32 entries, and `nseg`, 2 words) in group order; then every thread writes its share of counts and
 /// offsets (a binary search per group) and block_experts (padding rows and blocks past the extent:
 /// prefill_plan()).
-template <class Routed, class Sync>
+template <bool kThreadPerSegment, class Routed, class Sync>
 __device__ __forceinline__ void tiny_plan(const RouteParams& p, Routed routed, TinySegment* seg, int* nseg, int c,
                                           int n, Sync sync) {
   const int E = p.experts, G = p.groups, K = p.top_k, Kt = p.slots, B = p.block;
@@ -311,11 +311,20 @@ __device__ __forceinline__ void tiny_plan(const RouteParams& p, Routed routed, T
     p.expert_offsets[g] = lo < ns ? seg[lo].offset : used;
   }
   trace_point_by(p, 6, c == 0);
-  // Each warp takes segments: their blocks' expert (padding rows and blocks past the extent: prefill_plan()).
-  for (int i = c >> 5; i < ns; i += n >> 5) {
-    const TinySegment s = seg[i];
-    const int b1 = plan_div(p, s.offset + s.padded, B, p.block_magic);
-    for (int b = plan_div(p, s.offset, B, p.block_magic) + lane; b < b1; b += 32) p.block_experts[b] = s.group;
+  // Segments' blocks (padding rows and blocks past the extent: prefill_plan()): kThreadPerSegment, a thread per
+  // segment (at most 32 blocks each: one per slot when B = 1); else a warp per segment, a lane per block.
+  if constexpr (kThreadPerSegment) {
+    for (int i = c; i < ns; i += n) {
+      const TinySegment s = seg[i];
+      const int b1 = plan_div(p, s.offset + s.padded, B, p.block_magic);
+      for (int b = plan_div(p, s.offset, B, p.block_magic); b < b1; ++b) p.block_experts[b] = s.group;
+    }
+  } else {
+    for (int i = c >> 5; i < ns; i += n >> 5) {
+      const TinySegment s = seg[i];
+      const int b1 = plan_div(p, s.offset + s.padded, B, p.block_magic);
+      for (int b = plan_div(p, s.offset, B, p.block_magic) + lane; b < b1; b += 32) p.block_experts[b] = s.group;
+    }
   }
   trace_point_by(p, 7, c == 0);
 }
@@ -407,7 +416,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
         // The segment table in the crew's first warp's candidate scratch, its two words in that warp's `sel`.
         auto* seg = reinterpret_cast<TinySegment*>(smem + L.cand) + T * 32;
         auto* nseg = reinterpret_cast<int*>(reinterpret_cast<uint2*>(smem + L.sel) + T * 32);
-        tiny_plan(
+        tiny_plan<true>(
             p, [&](int t, int k) { return static_cast<int>(selected[t * 32 + k].x); }, seg, nseg, c, n,
             [n] { asm volatile("bar.sync %0, %1;" ::"n"(kCrewBarrier), "r"(n)
                                : "memory"); });
@@ -439,7 +448,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
         one_token_plan(
             p, [&](int k) { return static_cast<int>(info_s[k] >> 16); }, tid, kThreads);
       else
-        tiny_plan(
+        tiny_plan<false>(
             p, [&](int t, int k) { return static_cast<int>(info_s[t * K + k] >> 16); }, seg,
             reinterpret_cast<int*>(seg + 64), tid, kThreads, [] { __syncthreads(); });
       return;
