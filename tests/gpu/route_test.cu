@@ -45,7 +45,7 @@ uint64_t base_seed() {
 // its threshold selection and its selection by rounds. special: rows by t % 6: a few +inf among normal values, all
 // -inf, normal with some -inf, only +-0 (ties across the sign of zero), normal, only NaN and -inf (the softmax
 // denominator's exact path and the keys' conventions for infinities and signed zeros).
-// warp_crowded: experts 96-127 (the one-token kernel's warp 3) get +50, so one warp supplies every winner.
+// warp_crowded: experts 96-127 get +50, so 32 consecutive experts supply every winner.
 enum class Dist {
   normal,
   ties,
@@ -362,9 +362,9 @@ void check_case(const Case& c, uint64_t seed) {
 }
 
 // Decode calls: every case above again at T = 1, through the decode kernel instance and through the general one, and
-// the cases of 2-8 tokens through the general one too; then one-token shapes (one warp holding
-// every winner, K = 32, E = 1-513, partial warps, groups of 1-64 experts, each row kind of the nan and special
-// distributions) and calls of 2-9 tokens.
+// the cases of 2-8 tokens through the general one too; then one-token shapes (32 consecutive experts holding every
+// winner, K = 32, E = 1-513, groups of 1-64 experts, each row kind of the nan and special distributions) and calls
+// of 2-9 tokens.
 void decode_cases(std::vector<Case>& v) {
   using M = RoutingMethod;
   const size_t n = v.size();
