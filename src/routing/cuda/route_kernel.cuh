@@ -395,31 +395,33 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   // routes token t and writes its slots, the crew builds the plan from the routing warps' `sel`.
   if constexpr (kHandOff != HandOff::none) {
     if (warp < T) {
-      const uint32_t info = route_token<In, NC, kSigmoid, kHandOff>(
-          p, warp, row, -1, lane, bias_s, kHandOff == HandOff::counts ? hist + warp * e_pad : hist, ws, sel, cand);
+      const uint32_t info =
+          route_token<In, NC, kSigmoid, kHandOff>(p, warp, row, -1, lane, bias_s, hist + warp * e_pad, ws, sel, cand);
       if constexpr (kHandOff == HandOff::counts)
         if (lane < K) info_s[warp * K + lane] = info;
     } else {
       wait_selected();  // every routing warp's selection is in its `sel` (and, for counts, its histogram)
       const int c = tid - T * 32, n = kThreads - T * 32;
       trace_point_by(p, 2, c == 0);
-      const uint2* selected = reinterpret_cast<const uint2*>(smem + L.sel);  // [warp][32] (expert, value)
       if constexpr (kHandOff == HandOff::counts) {  // the general code's nb == 1 counts, into cnt_s
         for (int g = c; g < G; g += n) {
           if (g < E) base_s[g] = 0;
           cnt_s[g] = g < E ? warp_prefixes(hist, g, e_pad, T) : T;
         }
-      } else if (T == 1) {
-        one_token_plan(
-            p, [&](int k) { return static_cast<int>(selected[k].x); }, c, n);
       } else {
-        // The segment table in the crew's first warp's candidate scratch, its two words in that warp's `sel`.
-        auto* seg = reinterpret_cast<TinySegment*>(smem + L.cand) + T * 32;
-        auto* nseg = reinterpret_cast<int*>(reinterpret_cast<uint2*>(smem + L.sel) + T * 32);
-        tiny_plan<true>(
-            p, [&](int t, int k) { return static_cast<int>(selected[t * 32 + k].x); }, seg, nseg, c, n,
-            [n] { asm volatile("bar.sync %0, %1;" ::"n"(kCrewBarrier), "r"(n)
-                               : "memory"); });
+        const uint2* selected = reinterpret_cast<const uint2*>(smem + L.sel);  // [warp][32] (expert, value)
+        if (T == 1) {
+          one_token_plan(
+              p, [&](int k) { return static_cast<int>(selected[k].x); }, c, n);
+        } else {
+          // The segment table in the crew's first warp's candidate scratch, its two words in that warp's `sel`.
+          auto* seg = reinterpret_cast<TinySegment*>(smem + L.cand) + T * 32;
+          auto* nseg = reinterpret_cast<int*>(reinterpret_cast<uint2*>(smem + L.sel) + T * 32);
+          tiny_plan<true>(
+              p, [&](int t, int k) { return static_cast<int>(selected[t * 32 + k].x); }, seg, nseg, c, n,
+              [n] { asm volatile("bar.sync %0, %1;" ::"n"(kCrewBarrier), "r"(n)
+                                 : "memory"); });
+        }
       }
     }
     if constexpr (kHandOff == HandOff::plan) return;
