@@ -55,8 +55,13 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
 // gpt-oss T = 16 / 24: 1.07 / 1.03 against 0.97 / 1.00; qwen3-next T = 32: 1.00 against 0.94; a tie at a load of
 // 3/4-1, 64x256 ahead from 1 on: "Fourteenth session"), and with shared experts (each of which holds T rows) for up
 // to 4 tokens at ~1 row per expert (deepseek-v3 T = 8 / 16: 64x256 1.02x / 1.10x faster than the GEMV); 128x256
-// cooperative tiles win from 64 rows per expert on a few large experts (mixtral T = 256: 1.07x over 64x256) and above
-// 256 rows on the others (gpt-oss at 512 rows: 1.14x over 64x256; deepseek-v3 at 256 rows: within 0.4%); swapped
+// cooperative tiles win from 64 rows per expert on a few large experts (mixtral T = 256: 1.07x over 64x256) up to 111
+// rows; beyond that, on such experts, the 128-row tiles' padding (half the experts one tile more when the rows sit
+// near a multiple of 128) and GEMM2's few waves (16 N tiles of 256 per row tile on mixtral) decide, by bands of rows
+// per expert ("Twenty-first session", experts graph time against 128x256 for both GEMMs, same call: mixtral T = 512 /
+// 768 0.875-0.886 / 0.949 with 64x256 for both, T = 1024 0.976-0.978 with 64x256 for GEMM2 only, T = 1536 / 2048 /
+// 4096 / 8192 0.949 / 0.982 / 0.978 / 0.985 with 64x256 for both, and T = 16384 1.019-1.043 with any 64x256), and
+// above 256 rows on the others (gpt-oss at 512 rows: 1.14x over 64x256; deepseek-v3 at 256 rows: within 0.4%); swapped
 // 32x128 tiles up to 16 routed rows per expert, with shared experts (T rows each, ceil(T / 32) tiles per weight
 // tile) up to T = 64 ("Seventeenth session", experts time against 64x256: mixtral T = 8 / 16 / 64 0.979 / 0.980 /
 // 0.982, qwen3 T = 32 0.963, gpt-oss T = 64 / 256 0.983 / 0.989, qwen3-next T = 64 / 256 0.990 / 0.993, deepseek-v3
@@ -70,12 +75,16 @@ struct HeuristicRule {
   int gemm1, gemm2;
 };
 constexpr int64_t kLargeExpert = int64_t{24} << 20;  // 2I x H elements
-constexpr std::array<HeuristicRule, 7> kHeuristic{{
+constexpr std::array<HeuristicRule, 11> kHeuristic{{
     {.max_load4 = 3, .max_shared = 0, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 1, .max_tokens = 4, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 16, .max_tokens = 64, .gemm1 = 5, .gemm2 = 5},
     {.max_rows = 16, .max_shared = 0, .gemm1 = 5, .gemm2 = 5},
-    {.min_rows = 64, .min_weights = kLargeExpert, .max_experts = 64, .gemm1 = 3, .gemm2 = 3},
+    {.min_rows = 64, .max_rows = 111, .min_weights = kLargeExpert, .max_experts = 64, .gemm1 = 3, .gemm2 = 3},
+    {.min_rows = 112, .max_rows = 223, .min_weights = kLargeExpert, .max_experts = 64, .gemm1 = 4, .gemm2 = 4},
+    {.min_rows = 224, .max_rows = 319, .min_weights = kLargeExpert, .max_experts = 64, .gemm1 = 3, .gemm2 = 4},
+    {.min_rows = 320, .max_rows = 3071, .min_weights = kLargeExpert, .max_experts = 64, .gemm1 = 4, .gemm2 = 4},
+    {.min_rows = 3072, .min_weights = kLargeExpert, .max_experts = 64, .gemm1 = 3, .gemm2 = 3},
     {.max_rows = 256, .gemm1 = 4, .gemm2 = 4},
     {.gemm1 = 3, .gemm2 = 3},
 }};
