@@ -579,7 +579,7 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
   struct Pick {
     const char* preset;
     int64_t tokens;
-    const char* tactic;   // GEMM1's, and GEMM2's unless gemm2 is set
+    const char* tactic;  // GEMM1's, and GEMM2's unless gemm2 is set
     const char* gemm2 = nullptr;
   };
   const Pick picks[] = {
@@ -612,7 +612,7 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"qwen3-next-80b", 820, small},  // 17 rows
       // A few large experts (mixtral): 64x256 below 64 routed rows per expert; from 64 on, by bands of rows per
       // expert where the 128-row tiles' padding and GEMM2's waves decide.
-      {"mixtral-8x7b", 128, small},           // 32 rows
+      {"mixtral-8x7b", 128, small},          // 32 rows
       {"mixtral-8x7b", 256, large},          // 64 rows
       {"mixtral-8x7b", 444, large},          // 111 rows
       {"mixtral-8x7b", 445, small},          // 112 rows

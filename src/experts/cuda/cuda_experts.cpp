@@ -61,13 +61,14 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
 // per expert ("Twenty-first session", experts graph time against 128x256 for both GEMMs, same call: mixtral T = 512 /
 // 768 0.875-0.886 / 0.949 with 64x256 for both, T = 1024 0.976-0.978 with 64x256 for GEMM2 only, T = 1536 / 2048 /
 // 4096 / 8192 0.949 / 0.982 / 0.978 / 0.985 with 64x256 for both, and T = 16384 1.019-1.043 with any 64x256), and
-// above 256 rows on the others (gpt-oss at 512 rows: 1.14x over 64x256; deepseek-v3 at 256 rows: within 0.4%); swapped
-// 32x128 tiles up to 16 routed rows per expert, with shared experts (T rows each, ceil(T / 32) tiles per weight
-// tile) up to T = 64 ("Seventeenth session", experts time against 64x256: mixtral T = 8 / 16 / 64 0.979 / 0.980 /
-// 0.982, qwen3 T = 32 0.963, gpt-oss T = 64 / 256 0.983 / 0.989, qwen3-next T = 64 / 256 0.990 / 0.993, deepseek-v3
-// T = 8 / 16 / 64 0.971 / 0.983 / 0.998 but T = 256 / 512 1.003 / 1.014; at 32 rows, gpt-oss T = 1024, 1.13); 64x256
-// pingpong tiles below 256 rows (mixtral T = 16-64: 1.03-1.06x over 64x128; qwen3-next T = 1024-4096: 1.04-1.10x,
-// qwen3 and gpt-oss T = 4096: 1.02x, deepseek-v3 at 64-128 rows with every expert routed: 1.03-1.04x over 128x256).
+// above 256 rows on the others (gpt-oss at 512 rows: 1.14x over 64x256; deepseek-v3 at 256 rows: within 0.4%);
+// swapped 32x128 tiles up to 16 routed rows per expert, with shared experts (T rows each, ceil(T / 32) tiles per
+// weight tile) up to T = 64 ("Seventeenth session", experts time against 64x256: mixtral T = 8 / 16 / 64 0.979 /
+// 0.980 / 0.982, qwen3 T = 32 0.963, gpt-oss T = 64 / 256 0.983 / 0.989, qwen3-next T = 64 / 256 0.990 / 0.993,
+// deepseek-v3 T = 8 / 16 / 64 0.971 / 0.983 / 0.998 but T = 256 / 512 1.003 / 1.014; at 32 rows, gpt-oss T =
+// 1024, 1.13); 64x256 pingpong tiles below 256 rows (mixtral T = 16-64: 1.03-1.06x over 64x128; qwen3-next T =
+// 1024-4096: 1.04-1.10x, qwen3 and gpt-oss T = 4096: 1.02x, deepseek-v3 at 64-128 rows with every expert
+// routed: 1.03-1.04x over 128x256).
 constexpr int64_t kAny = INT64_MAX;
 struct HeuristicRule {
   int64_t min_rows = 0, max_rows = kAny, max_tokens = kAny, min_weights = 0, max_experts = kAny;
