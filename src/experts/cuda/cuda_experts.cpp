@@ -60,7 +60,9 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
 // near a multiple of 128) and GEMM2's few waves (16 N tiles of 256 per row tile on mixtral) decide, by bands of rows
 // per expert ("Twenty-first session", experts graph time against 128x256 for both GEMMs, same call: mixtral T = 512 /
 // 768 0.875-0.886 / 0.949 with 64x256 for both, T = 1024 0.976-0.978 with 64x256 for GEMM2 only, T = 1536 / 2048 /
-// 4096 / 8192 0.949 / 0.982 / 0.978 / 0.985 with 64x256 for both, and T = 16384 1.019-1.043 with any 64x256), and
+// 4096 / 8192 0.949 / 0.982 / 0.978 / 0.985 with 64x256 for both, and T = 16384 1.019-1.043 with any 64x256; the
+// bands' edges lie between those token counts, and the bands held between them: T = 640 / 1152 / 1280 / 2560 / 6144
+// 0.879 / 0.988 / 0.989 / 0.987 / 0.993 against 128x256 for both), and
 // above 256 rows on the others (gpt-oss at 512 rows: 1.14x over 64x256; deepseek-v3 at 256 rows: within 0.4%);
 // swapped 32x128 tiles up to 16 routed rows per expert, with shared experts (T rows each, ceil(T / 32) tiles per
 // weight tile) up to T = 64 ("Seventeenth session", experts time against 64x256: mixtral T = 8 / 16 / 64 0.979 /
