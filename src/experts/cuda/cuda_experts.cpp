@@ -78,16 +78,25 @@ struct HeuristicRule {
   int gemm1, gemm2;
 };
 constexpr int64_t kLargeExpert = int64_t{24} << 20;  // 2I x H elements
+// A band of rows per expert for at most 64 experts of at least kLargeExpert weights each.
+constexpr HeuristicRule few_large(int64_t min_rows, int64_t max_rows, int gemm1, int gemm2) {
+  return {.min_rows = min_rows,
+          .max_rows = max_rows,
+          .min_weights = kLargeExpert,
+          .max_experts = 64,
+          .gemm1 = gemm1,
+          .gemm2 = gemm2};
+}
 constexpr std::array<HeuristicRule, 11> kHeuristic{{
     {.max_load4 = 3, .max_shared = 0, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 1, .max_tokens = 4, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 16, .max_tokens = 64, .gemm1 = 5, .gemm2 = 5},
     {.max_rows = 16, .max_shared = 0, .gemm1 = 5, .gemm2 = 5},
-    {.min_rows = 64, .max_rows = 111, .min_weights = kLargeExpert, .max_experts = 64, .gemm1 = 3, .gemm2 = 3},
-    {.min_rows = 112, .max_rows = 223, .min_weights = kLargeExpert, .max_experts = 64, .gemm1 = 4, .gemm2 = 4},
-    {.min_rows = 224, .max_rows = 319, .min_weights = kLargeExpert, .max_experts = 64, .gemm1 = 3, .gemm2 = 4},
-    {.min_rows = 320, .max_rows = 3071, .min_weights = kLargeExpert, .max_experts = 64, .gemm1 = 4, .gemm2 = 4},
-    {.min_rows = 3072, .min_weights = kLargeExpert, .max_experts = 64, .gemm1 = 3, .gemm2 = 3},
+    few_large(64, 111, 3, 3),
+    few_large(112, 223, 4, 4),
+    few_large(224, 319, 3, 4),
+    few_large(320, 3071, 4, 4),
+    few_large(3072, kAny, 3, 3),
     {.max_rows = 256, .gemm1 = 4, .gemm2 = 4},
     {.gemm1 = 3, .gemm2 = 3},
 }};
