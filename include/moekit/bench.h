@@ -133,6 +133,7 @@ struct RouteBenchOptions {
   uint64_t seed = 1;
   int variants = 4;       // input sets rotated through
   std::vector<int> ctas;  // grid sizes to time (0 = the router's own choice); empty = {0}
+  int pairs = 0;          // two tokens per warp: 0 = the router's choice, -1 = never, 1 = wherever it can
   bool phases = false;    // also time the kernel's phases (cold L2, in-kernel timestamps; RouteResult::phases)
 };
 
@@ -160,6 +161,7 @@ struct RouteResult {
   RouteCase c;
   int ctas_requested = 0, ctas = 0;  // asked (0 = heuristic) and used
   bool tiny_plan = false;            // the plan was built in one step (one CTA, T * Kt <= 32)
+  bool pairs = false;                // a warp routed two tokens at once
   bool verified = false;
   std::string mismatch;  // first difference from the reference, empty when verified
   Stats kernel, graph;

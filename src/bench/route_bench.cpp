@@ -55,7 +55,8 @@ std::string route_markdown(const std::vector<RouteResult>& results, const Ceilin
     s += fmt::format(
         "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2f} | {:.0f} | {} |\n", r.c.fixture,
         routing_method_name(r.c.cfg.method), r.c.cfg.num_experts, r.c.cfg.top_k, r.c.tokens, r.c.block,
-        dtype_name(r.c.dtype), r.ctas_requested ? fmt::format("{} (forced)", r.ctas) : std::to_string(r.ctas),
+        dtype_name(r.c.dtype),
+        fmt::format("{}{}{}", r.ctas, r.ctas_requested ? " (forced)" : "", r.pairs ? ", 2 tokens/warp" : ""),
         r.kernels_per_call,
         timed ? fmt::format("**{:.2f}** ({:.2f}-{:.2f})", r.kernel.median_us, r.kernel.p10_us, r.kernel.p90_us)
               : std::string("-"),
@@ -122,6 +123,7 @@ std::string route_json(const std::vector<RouteResult>& results, const Ceilings& 
                             {"bias", r.c.bias},
                             {"ctas_requested", r.ctas_requested},
                             {"ctas", r.ctas},
+                            {"pairs", r.pairs},
                             {"tiny_plan", r.tiny_plan},
                             {"verified", r.verified},
                             {"mismatch", r.mismatch},
@@ -231,15 +233,16 @@ std::string compare(const RouteCase& c, const RoutePlanView& gpu, const RoutePla
 }
 
 // Median phase times of one case from `samples` cold-L2 calls, each writing its own trace slice.
-RoutePhases trace_phases(Harness& harness, const LaunchFn& call, int variants, const TimingOptions& timing,
-                         int grid) {
+RoutePhases trace_phases(Harness& harness, const LaunchFn& call, int variants, const TimingOptions& timing, int grid,
+                         detail::RoutePairs pairs) {
   const int samples = std::max(1, timing.samples);
   const int64_t words = detail::route_cuda_trace_words();
   DeviceBuffer buf(static_cast<size_t>(samples * words) * 8);
   check(cudaMemset(buf.data(), 0, static_cast<size_t>(samples * words) * 8), "cudaMemset(trace)");
   int64_t n = 0;
   const LaunchFn traced = [&](int v, Stream s) {
-    detail::set_route_cuda_tuning({grid, static_cast<uint64_t*>(buf.data()) + (n++ % samples) * words});
+    detail::set_route_cuda_tuning(
+        {.ctas = grid, .trace = static_cast<uint64_t*>(buf.data()) + (n++ % samples) * words, .pairs = pairs});
     call(v, s);
   };
   TimingOptions t = timing;
@@ -256,6 +259,9 @@ std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCa
                                      const RouteBenchOptions& opt, const Ceilings& ceilings) {
   std::vector<RouteResult> out;
   const std::vector<int> grids = opt.ctas.empty() ? std::vector<int>{0} : opt.ctas;
+  const detail::RoutePairs pairs = opt.pairs < 0   ? detail::RoutePairs::never
+                                   : opt.pairs > 0 ? detail::RoutePairs::always
+                                                   : detail::RoutePairs::heuristic;
   const Stream stream = harness.stream();
   uint64_t seed = opt.seed;
   for (const RouteCase& c : cases) {
@@ -321,11 +327,12 @@ std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCa
       r.logits_bytes = static_cast<double>(elems * esz);
       r.floor_us = ceilings.copy_bytes_per_s > 0 ? r.logits_bytes / ceilings.copy_bytes_per_s * 1e6 : 0;
       r.goal_us = T <= 1024 ? 4.0 : 20.0;
-      detail::set_route_cuda_tuning({grid});
+      detail::set_route_cuda_tuning({.ctas = grid, .pairs = pairs});
       r.mismatch = verify();
       r.verified = r.mismatch.empty();
       r.ctas = detail::route_cuda_last_ctas();
       r.tiny_plan = detail::route_cuda_last_tiny_plan();
+      r.pairs = detail::route_cuda_last_pairs();
       const LaunchFn call = [&](int v, Stream s) {
         route(c.cfg, TensorView::contiguous(logits[static_cast<size_t>(v)]->data(), c.dtype, {T, E}, Device::cuda()),
               bias_dev, plan, s, replay_dev);
@@ -335,7 +342,7 @@ std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCa
         r.kernels_per_call = harness.kernels_per_call();
         r.timing_source = harness.kernel_time_source();
         r.graph = harness.graph_time(call, variants, opt.timing);
-        if (opt.phases) r.phases = trace_phases(harness, call, variants, opt.timing, grid);
+        if (opt.phases) r.phases = trace_phases(harness, call, variants, opt.timing, grid, pairs);
       }
       detail::set_route_cuda_tuning({});
       out.push_back(std::move(r));

@@ -290,10 +290,14 @@ class GpuRoute : public ::testing::Test {
   }
 };
 
-// Routes case `c` on the GPU (into `plan`, already allocated) and on the CPU, and compares everything.
-void check_case(const Case& c, uint64_t seed) {
-  SCOPED_TRACE(c.name + " seed " + std::to_string(seed));
-  std::printf("[ case     ] %s seed=%llu\n", c.name.c_str(), static_cast<unsigned long long>(seed));
+// Routes case `c` on the GPU (into `plan`, already allocated) and on the CPU, and compares everything. `pairs`:
+// when the router may route two tokens per warp (RoutePairs::always: wherever its kernel instance allows).
+// Returns whether it did.
+bool check_case(const Case& c, uint64_t seed, detail::RoutePairs pairs = detail::RoutePairs::heuristic) {
+  const bool forced = pairs == detail::RoutePairs::always;
+  SCOPED_TRACE(c.name + " seed " + std::to_string(seed) + (forced ? " (pairs always)" : ""));
+  std::printf("[ case     ] %s seed=%llu%s\n", c.name.c_str(), static_cast<unsigned long long>(seed),
+              forced ? " pairs=always" : "");
   const Inputs in = make_inputs(c, seed);
   const int64_t T = c.tokens;
   const int K = c.cfg.top_k;
@@ -342,9 +346,10 @@ void check_case(const Case& c, uint64_t seed) {
 
   RoutePlan plan(shape, Device::cuda());
   poison_plan(plan.view());
-  detail::set_route_cuda_tuning({.ctas = c.ctas, .decode_instance = !c.general});
+  detail::set_route_cuda_tuning({.ctas = c.ctas, .decode_instance = !c.general, .pairs = pairs});
   route(c.cfg, logits_view(d_logits.data(), c, T, in.stride, Device::cuda()), dev_bias, plan, nullptr, dev_replay);
   detail::set_route_cuda_tuning({});
+  const bool used_pairs = T > 0 && detail::route_cuda_last_pairs();
   ck(cudaDeviceSynchronize(), "route");
   const PlanHost got = read_plan(plan.view(), T, true);
   std::vector<int16_t> replay_got(static_cast<size_t>(R * K));
@@ -359,6 +364,7 @@ void check_case(const Case& c, uint64_t seed) {
   }
   expect_same_plan(got, want);
   if (c.replay) EXPECT_TRUE(same("replay", replay_got, replay_ref));
+  return used_pairs;
 }
 
 // Decode calls: every case above again at T = 1, through the decode kernel instance and through the general one, and
@@ -637,6 +643,23 @@ std::vector<Case> cases() {
     c.bias = true;
     add(c);
   }
+  // Two tokens per warp (16 lanes each) where the heuristic grid gives a warp more than one token: fp32 and bf16,
+  // groups of whole lanes, shared slots, ties; every case also runs with that instance forced (MatchesReference).
+  {
+    Case c{"pairs_dsv3_t9000", make_routing_config(M::sigmoid_grouped, 256, 8, 1, true, 8, 4, 2.5f), 9000, 64};
+    c.bias = true;
+    add(c);
+  }
+  {
+    Case c{"pairs_bf16_e128_shared_t4500", make_routing_config(M::softmax_topk, 128, 8, 2, true), 4500, 16,
+           DType::bf16};
+    add(c);
+  }
+  {
+    Case c{"pairs_topk_softmax_ties_t6000", make_routing_config(M::topk_softmax, 200, 4, 1, true), 6000, 8};
+    c.dist = Dist::ties;
+    add(c);
+  }
   decode_cases(v);
   return v;
 }
@@ -647,10 +670,18 @@ TEST_F(GpuRoute, MatchesReference) {
   const bool quick = std::getenv("MOEKIT_TEST_QUICK") != nullptr;
   std::printf("[ seed     ] MOEKIT_TEST_SEED=%llu%s\n", static_cast<unsigned long long>(seed),
               quick ? " (quick)" : "");
+  int pairs_default = 0, pairs_forced = 0;
   for (const Case& c : cases()) {
     const uint64_t s = seed++;
-    if (!quick || c.tokens <= 2048) check_case(c, s);
+    if (quick && c.tokens > 2048) continue;
+    pairs_default += check_case(c, s) ? 1 : 0;
+    if (!c.general)  // again with two tokens per warp wherever the router has that instance
+      pairs_forced += check_case(c, s, detail::RoutePairs::always) ? 1 : 0;
   }
+  std::printf("[ pairs    ] %d cases routed two tokens per warp by the heuristic, %d when forced\n", pairs_default,
+              pairs_forced);
+  if (!quick) EXPECT_GE(pairs_default, 3) << "the large-T cases of at most 256 experts should route two per warp";
+  EXPECT_GE(pairs_forced, 40) << "most cases of at most 256 experts and 16 slots should take the forced instance";
 }
 
 // One plan, consecutive calls with different T (single CTA, the tiny plan, an empty call and grids of several
@@ -689,8 +720,8 @@ TEST_F(GpuRoute, ReusedPlanAcrossGrids) {
 }
 
 // Capture once, replay with new logits; smaller T are further graphs (T = 2: the tiny plan, T = 1: one token's
-// plan); all must match the reference.
-TEST_F(GpuRoute, GraphReplayWithNewLogits) {
+// plan); all must match the reference. Then all again with two tokens per warp wherever the router can.
+void graph_replay_with_new_logits() {
   const uint64_t seed = base_seed() + 1000;
   std::printf("[ seed     ] MOEKIT_TEST_SEED=%llu (graph: +1000)\n", static_cast<unsigned long long>(seed - 1000));
   RoutingConfig cfg = make_routing_config(RoutingMethod::sigmoid_grouped, 256, 8, 1, true, 8, 4, 2.5f);
@@ -741,6 +772,15 @@ TEST_F(GpuRoute, GraphReplayWithNewLogits) {
     ck(cudaGraphDestroy(graph), "destroy graph");
   }
   ck(cudaStreamDestroy(stream), "stream destroy");
+}
+
+TEST_F(GpuRoute, GraphReplayWithNewLogits) {
+  for (detail::RoutePairs pairs : {detail::RoutePairs::heuristic, detail::RoutePairs::always}) {
+    SCOPED_TRACE(pairs == detail::RoutePairs::always ? "pairs always" : "pairs by the heuristic");
+    detail::set_route_cuda_tuning({.pairs = pairs});
+    graph_replay_with_new_logits();
+    detail::set_route_cuda_tuning({});
+  }
 }
 
 // The router's sigmoid (fast reciprocal for x >= -69) against routing_math's (IEEE division, the CPU's bits), for

@@ -27,6 +27,10 @@ int64_t route_cuda_workspace_ints(const PlanShape& shape);
 /// does the same even count in both words.
 inline constexpr int kRouteEpochWord = 0, kRouteArrivalsWord = 1;
 
+/// When the fused router routes two tokens per warp (teams of 16 lanes): where the grid gives a warp more than one
+/// token (the heuristic), never, or always where the kernel instance allows it (tests: every call size).
+enum class RoutePairs { heuristic, never, always };
+
 /// Launch geometry of the fused router, for benchmarks that compare alternatives. ctas = 0 (the default) lets the
 /// heuristic choose; otherwise the grid is clamped to what can be co-resident. Not thread-safe; process-wide.
 struct RouteCudaTuning {
@@ -43,6 +47,9 @@ struct RouteCudaTuning {
   uint64_t* trace = nullptr;
   /// false: calls of at most 8 tokens take the general kernel instance instead of a decode instance (tests).
   bool decode_instance = true;
+  /// Two tokens per warp (RoutePairs). Possible for logits of at most 256 experts, at most 16 slots per token and,
+  /// with group limiting, groups of whole lanes (2-16 lanes) and at most 16 groups; elsewhere ignored.
+  RoutePairs pairs = RoutePairs::heuristic;
 };
 inline constexpr int kRouteTracePoints = 8;
 int64_t route_cuda_trace_words();
@@ -53,5 +60,7 @@ int route_cuda_last_ctas();
 /// Whether the last route_cuda() call built its plan in one step (one CTA and T * Kt <= 32; its trace points 3-7
 /// mean other things, see RouteCudaTuning::trace).
 bool route_cuda_last_tiny_plan();
+/// Whether the last route_cuda() call routed two tokens per warp (RoutePairs).
+bool route_cuda_last_pairs();
 
 }  // namespace moekit::detail

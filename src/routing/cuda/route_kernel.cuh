@@ -1,5 +1,7 @@
 // The fused router kernel: logits -> complete route plan in one launch. Each CTA owns a contiguous token range and
-// each warp a contiguous sub-range, so "ascending token within an expert" is (CTA prefix, warp prefix, rank in warp):
+// each token team (a warp, or half a warp when a warp routes two tokens at once: Team in route_token.cuh) a
+// contiguous sub-range, so "ascending token within an expert" is (CTA prefix, team prefix, rank in team); below,
+// "warp" stands for the team where the two differ:
 //   A. warps route their tokens (route_token.cuh) and count experts in per-warp shared histograms;
 //   B. per-warp prefixes and the CTA's expert totals. With several CTAs: each CTA publishes its totals (u16 row of
 //      the workspace) and adds them to the expert totals; -- one grid barrier --; each CTA sums the rows of the
@@ -31,11 +33,12 @@ inline constexpr int kInfoCap = 8192;  // routed slots per CTA whose (expert, ra
 inline constexpr int kGroupsPerThread = (kMaxExperts + kMaxSlots + kThreads - 1) / kThreads;  // plan scan items
 using BlockScan = cub::BlockScan<int, kThreads, cub::BLOCK_SCAN_WARP_SCANS>;
 
-/// Values held per lane; above 8 a kernel needs up to 128 registers, so one CTA per SM.
+/// Values held per lane; above 8 a kernel needs up to 128 registers, so one CTA per SM, as with two tokens per warp
+/// (LPT = 16), whose selection scratch does not fit 64 registers either.
 template <class In, int NC>
 inline constexpr int kValuesPerLane = NC * 16 / static_cast<int>(sizeof(In));
-template <class In, int NC>
-inline constexpr int kCtasPerSm = kValuesPerLane<In, NC> <= 8 ? 2 : 1;
+template <class In, int NC, int LPT = 32>
+inline constexpr int kCtasPerSm = kValuesPerLane<In, NC> <= 8 && LPT == 32 ? 2 : 1;
 
 __host__ __device__ inline int pad8(int n) {
   return (n + 7) & ~7;
@@ -55,21 +58,23 @@ struct SmemLayout {
   int warp_words = 0;  // per-warp scratch of shared-memory group limiting: keys [E] + 32 kept-mask words
 
   __host__ __device__ static int align16(int b) { return (b + 15) & ~15; }
-  /// `grouped`: group limiting that needs the shared-memory scratch (RouteParams::group_lanes == 0).
-  __host__ __device__ static SmemLayout make(int experts, int groups, bool grouped, int info_words) {
+  /// `grouped`: group limiting that needs the shared-memory scratch (RouteParams::group_lanes == 0). `teams`: the
+  /// CTA's token teams (kWarps, or twice as many with two tokens per warp), each with a histogram row and scratch.
+  __host__ __device__ static SmemLayout make(int experts, int groups, bool grouped, int info_words,
+                                             int teams = kWarps) {
     SmemLayout l;
     const int e_pad = pad8(experts);
     l.warp_words = grouped ? e_pad + 32 : 0;
     const int group_bytes = kWarps * l.warp_words * 4, partial_bytes = kThreads * 8 * 4;
     int at = 0;
     l.hist = at;
-    at = align16(at + kWarps * e_pad * 2);
+    at = align16(at + teams * e_pad * 2);
     l.bias = at;
     at = align16(at + bias_words(experts) * 4);
-    l.sel = at;  // per warp: 32 (expert, value) pairs of the selection
-    at = align16(at + kWarps * 32 * 8);
-    l.cand = at;  // per warp: 32 (~expert, key, value, -) candidates of the threshold selection
-    at = align16(at + kWarps * 32 * 16);
+    l.sel = at;  // per team: 32 (expert, value) pairs of the selection
+    at = align16(at + teams * 32 * 8);
+    l.cand = at;  // per team: 32 (~expert, key, value, -) candidates of the threshold selection
+    at = align16(at + teams * 32 * 16);
     l.scratch = at;  // group scratch during A, per-CTA partial sums during B
     at = align16(at + (group_bytes > partial_bytes ? group_bytes : partial_bytes));
     l.counts = at;
@@ -165,10 +170,11 @@ __device__ __forceinline__ int warp_prefixes_by(uint16_t* hist, int e, int e_pad
   return run;
 }
 
-/// warp_prefixes_by() in one chunk of all kWarps rows when every warp routed, else four warps at a time, so that a
-/// few warps cost one chunk.
+/// warp_prefixes_by() in one chunk of all kTeams rows (one per token team) when every team routed, else four at a
+/// time, so that a few teams cost one chunk.
+template <int kTeams>
 __device__ __forceinline__ int warp_prefixes(uint16_t* hist, int e, int e_pad, int n) {
-  return n == kWarps ? warp_prefixes_by<kWarps>(hist, e, e_pad, kWarps) : warp_prefixes_by<4>(hist, e, e_pad, n);
+  return n == kTeams ? warp_prefixes_by<kTeams>(hist, e, e_pad, kTeams) : warp_prefixes_by<4>(hist, e, e_pad, n);
 }
 
 /// n / d for the plan's indices: rm::magic_div() (a multiply-high) when every index is below 2^16
@@ -337,20 +343,25 @@ __device__ __forceinline__ void tiny_plan(const RouteParams& p, Routed routed, T
 /// K = 2) a one-warp crew made the call 1.11x slower than the general instance.
 inline constexpr int kDecodeTokens = 8;
 inline constexpr int kCrewBarrier = 2;  // the crew's own barrier (0: __syncthreads(), 1: kSelectedBarrier)
-template <class In, int NC, bool kSigmoid, HandOff kHandOff>
-__global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
+/// LPT: the lanes of a token team (route_token.cuh's Team): 32, or 16 for two tokens per warp (general instances
+/// only). A team is the unit of the token ranges, histograms and selection scratch below.
+template <class In, int NC, bool kSigmoid, HandOff kHandOff, int LPT = 32>
+__global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
     route_fused_kernel(const __grid_constant__ RouteParams p) {
+  static_assert(LPT == 32 || kHandOff == HandOff::none);
+  constexpr int kTeams = kThreads / LPT;
   extern __shared__ __align__(16) unsigned char smem[];
   trace_point(p, 0);
-  const SmemLayout L = SmemLayout::make(p.experts, p.groups, p.grouped && p.group_lanes == 0, p.info_words);
+  const SmemLayout L = SmemLayout::make(p.experts, p.groups, p.grouped && p.group_lanes == 0, p.info_words, kTeams);
   const int E = p.experts, G = p.groups, K = p.top_k, Kt = p.slots, T = p.tokens;
   const int e_pad = pad8(E);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int team = tid >> (LPT == 32 ? 5 : 4), tl = tid & (LPT - 1);  // token team, lane in the team
   const int nb = gridDim.x;
-  uint16_t* hist = reinterpret_cast<uint16_t*>(smem + L.hist);  // [kWarps][e_pad]
+  uint16_t* hist = reinterpret_cast<uint16_t*>(smem + L.hist);  // [kTeams][e_pad]
   float* bias_s = reinterpret_cast<float*>(smem + L.bias);      // [bias_words(E)], zero past E
-  uint2* sel = reinterpret_cast<uint2*>(smem + L.sel) + warp * 32;
-  uint4* cand = reinterpret_cast<uint4*>(smem + L.cand) + warp * 32;
+  uint2* sel = reinterpret_cast<uint2*>(smem + L.sel) + team * 32;
+  uint4* cand = reinterpret_cast<uint4*>(smem + L.cand) + team * 32;
   int* cnt_s = reinterpret_cast<int*>(smem + L.counts);           // [G]
   int* offs_s = reinterpret_cast<int*>(smem + L.offsets);         // [G+1]
   int* base_s = reinterpret_cast<int*>(smem + L.base);            // [E]
@@ -361,25 +372,26 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
   // The first row's loads go out before anything else.
   const int cta_t0 = blockIdx.x * p.tokens_per_cta;
   const int cta_t1 = min(cta_t0 + p.tokens_per_cta, T);
-  const int t0 = min(cta_t0 + warp * p.tokens_per_warp, cta_t1);
+  const int t0 = min(cta_t0 + team * p.tokens_per_warp, cta_t1);  // tokens_per_warp: per team
   const int t1 = min(t0 + p.tokens_per_warp, cta_t1);
-  RowRegs<In, NC> row;
-  if (t0 < t1) row.load(p, t0, lane, kPadBits<In, kSigmoid>);
+  RowRegs<In, NC, LPT> row;
+  if (t0 < t1) row.load(p, t0, tl, kPadBits<In, kSigmoid>);
   // A kernel launched after this one with programmatic stream serialization (the expert GEMV) may start now and
   // wait in griddepcontrol.wait for the plan: its launch latency hides behind the routing.
   asm volatile("griddepcontrol.launch_dependents;" :::);
   const uint32_t epoch = nb > 1 ? __ldcg(p.epoch) : 0u;  // grid_barrier(): stable until every CTA has arrived
 
-  // Warps past the CTA's tokens keep empty histograms: only the active ones are zeroed and scanned.
-  const int active_warps =
+  // Teams past the CTA's tokens keep empty histograms: only the active ones are zeroed and scanned.
+  const int active_teams =
       cta_t1 > cta_t0 ? plan_div(p, cta_t1 - cta_t0 + p.tokens_per_warp - 1, p.tokens_per_warp, p.warp_tokens_magic)
                       : 0;
   // The plan's rows and blocks (prefill_plan()): when every warp has tokens, all of them now, before the bias
   // loads; else the warps without tokens, while the others route (below).
-  const int prefill_warp0 = active_warps < kWarps ? active_warps : 0;
+  const int busy_warps = LPT == 32 ? active_teams : (active_teams + 1) / 2;
+  const int prefill_warp0 = busy_warps < kWarps ? busy_warps : 0;
   if (prefill_warp0 == 0) prefill_plan(p, T * Kt, 0);
   if (!p.tiny)  // a tiny plan ranks without histograms
-    for (int i = tid; i < active_warps * e_pad / 2; i += kThreads) reinterpret_cast<uint32_t*>(hist)[i] = 0;
+    for (int i = tid; i < active_teams * e_pad / 2; i += kThreads) reinterpret_cast<uint32_t*>(hist)[i] = 0;
   for (int e = tid; e < bias_words(E); e += kThreads) {
     float b = 0.0f;
     if (p.bias != nullptr && e < E)
@@ -406,7 +418,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
       if constexpr (kHandOff == HandOff::counts) {  // the general code's nb == 1 counts, into cnt_s
         for (int g = c; g < G; g += n) {
           if (g < E) base_s[g] = 0;
-          cnt_s[g] = g < E ? warp_prefixes(hist, g, e_pad, T) : T;
+          cnt_s[g] = g < E ? warp_prefixes<kTeams>(hist, g, e_pad, T) : T;
         }
       } else {
         const uint2* selected = reinterpret_cast<const uint2*>(smem + L.sel);  // [warp][32] (expert, value)
@@ -426,17 +438,18 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
     }
     if constexpr (kHandOff == HandOff::plan) return;
   } else {
-    uint16_t* my_hist = hist + warp * e_pad;
+    uint16_t* my_hist = hist + team * e_pad;
+    const uint32_t team_mask = Team<LPT>(lane).mask;
     for (int t = t0; t < t1; ++t) {
-      const uint32_t info = route_token<In, NC, kSigmoid, HandOff::none>(p, t, row, t + 1 < t1 ? t + 1 : -1, lane,
-                                                                         bias_s, my_hist, ws, sel, cand);
-      if (lane < K) {
+      const uint32_t info = route_token<In, NC, kSigmoid, HandOff::none, LPT>(p, t, row, t + 1 < t1 ? t + 1 : -1,
+                                                                              lane, bias_s, my_hist, ws, sel, cand);
+      if (tl < K) {
         if (p.info_words > 0)
-          info_s[(t - cta_t0) * K + lane] = info;
+          info_s[(t - cta_t0) * K + tl] = info;
         else
-          p.slot_rows[static_cast<int64_t>(t) * Kt + lane] = static_cast<int32_t>(info);
+          p.slot_rows[static_cast<int64_t>(t) * Kt + tl] = static_cast<int32_t>(info);
       }
-      __syncwarp();
+      __syncwarp(team_mask);
     }
   }
   __syncthreads();
@@ -471,12 +484,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC>)
         cnt[i] = g < G ? cnt_s[g] : 0;
       } else {
         if (g < E) base_s[g] = 0;
-        cnt[i] = g < E ? warp_prefixes(hist, g, e_pad, active_warps) : (g < G ? T : 0);
+        cnt[i] = g < E ? warp_prefixes<kTeams>(hist, g, e_pad, active_teams) : (g < G ? T : 0);
       }
     }
     trace_point(p, 3);
   } else {
-    for (int e = tid; e < E; e += kThreads) base_s[e] = warp_prefixes(hist, e, e_pad, active_warps);
+    for (int e = tid; e < E; e += kThreads) base_s[e] = warp_prefixes<kTeams>(hist, e, e_pad, active_teams);
     int32_t* totals = p.totals + (epoch & 1u) * e_pad;
     uint16_t* my_row = p.cta_rows + static_cast<int64_t>(blockIdx.x) * e_pad;
     for (int e = tid; e < e_pad; e += kThreads) {

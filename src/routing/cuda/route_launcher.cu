@@ -24,6 +24,7 @@ using router::Bf16;
 using router::RouteParams;
 using router::SmemLayout;
 using KernelFn = void (*)(RouteParams);
+constexpr int kPairLanes = 16;  // lanes per token when a warp routes two tokens at once
 
 struct KernelEntry {
   DType dtype;
@@ -32,17 +33,24 @@ struct KernelEntry {
   KernelFn fn;
   KernelFn decode_plan;    // calls of at most router::kDecodeTokens tokens and 32 slots
   KernelFn decode_counts;  // other calls of at most router::kDecodeTokens tokens on one CTA
+  KernelFn pairs;          // two tokens per warp (teams of 16 lanes, twice the chunks), or null
 };
 
 template <class In, int NC, bool kSigmoid>
 constexpr KernelEntry entry(DType dtype) {
   using router::HandOff;
+  // Two tokens per warp where a lane then holds at most 16 values: the chunks double, so the registers of the
+  // instances with 16 values per lane (seed6's E = 512) suffice.
+  KernelFn pairs = nullptr;
+  if constexpr (router::kValuesPerLane<In, NC> <= 8)
+    pairs = router::route_fused_kernel<In, 2 * NC, kSigmoid, HandOff::none, kPairLanes>;
   return {dtype,
           NC,
           kSigmoid,
           router::route_fused_kernel<In, NC, kSigmoid, HandOff::none>,
           router::route_fused_kernel<In, NC, kSigmoid, HandOff::plan>,
-          router::route_fused_kernel<In, NC, kSigmoid, HandOff::counts>};
+          router::route_fused_kernel<In, NC, kSigmoid, HandOff::counts>,
+          pairs};
 }
 
 // Expert capacity of an entry: 32 lanes * NC vectors * (16 / sizeof(element)).
@@ -83,22 +91,28 @@ struct GridLimits {
   int ctas = 1;  // co-resident CTAs (the cooperative launch's bound)
   int sms = 1;
 };
-GridLimits grid_limits(const KernelEntry& k, int smem_bytes, int device) {
+GridLimits grid_limits(const KernelEntry& k, KernelFn fn, int smem_bytes, int device) {
   static std::mutex mu;
   static std::map<std::tuple<KernelFn, int, int>, GridLimits> cache;
   std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(k.fn, device, smem_bytes);
+  const auto key = std::make_tuple(fn, device, smem_bytes);
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   const auto attr_key = std::make_tuple(k.fn, device, -1);
   if (cache.find(attr_key) == cache.end()) {
     const int largest = SmemLayout::make(kMaxExperts, kMaxExperts + kMaxSlots, true, router::kInfoCap).total;
-    for (KernelFn fn : {k.fn, k.decode_plan, k.decode_counts})
-      check(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, largest),
+    for (KernelFn f : {k.fn, k.decode_plan, k.decode_counts})
+      check(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, largest),
+            "cudaFuncSetAttribute(route_fused_kernel)");
+    if (k.pairs != nullptr)
+      check(cudaFuncSetAttribute(k.pairs, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 SmemLayout::make(kMaxExperts, kMaxExperts + kMaxSlots, true, router::kInfoCap,
+                                                  router::kThreads / kPairLanes)
+                                     .total),
             "cudaFuncSetAttribute(route_fused_kernel)");
     cache.emplace(attr_key, GridLimits{});
   }
   int per_sm = 0, sms = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.fn, router::kThreads, smem_bytes),
+  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, router::kThreads, smem_bytes),
         "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
   check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
   const GridLimits limits{std::min(router::kMaxCtas, std::max(1, per_sm * sms)), std::max(1, sms)};
@@ -120,6 +134,7 @@ constexpr int64_t kTokensPerCtaBeforeSecondOnSm = 64;
 RouteCudaTuning g_tuning;
 int g_last_ctas = 0;
 bool g_last_tiny_plan = false;
+bool g_last_pairs = false;
 
 }  // namespace
 
@@ -144,6 +159,9 @@ int route_cuda_last_ctas() {
 }
 bool route_cuda_last_tiny_plan() {
   return g_last_tiny_plan;
+}
+bool route_cuda_last_pairs() {
+  return g_last_pairs;
 }
 
 void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const TensorView& bias, RoutePlanView& plan,
@@ -200,19 +218,42 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   const int64_t per_cta = T <= kSmallGridTokens ? kTokensPerCtaSmall
                           : T <= kMidGridTokens ? kTokensPerCtaMid
                                                 : kTokensPerCtaLarge;
-  const GridLimits limits =
-      grid_limits(kernel, SmemLayout::make(E, p.groups, shared_groups, router::kInfoCap).total, device);
-  const int one_per_sm = std::min(limits.ctas, limits.sms);
-  const int heuristic_max = T <= kTokensPerCtaBeforeSecondOnSm * limits.sms ? one_per_sm : limits.ctas;
-  int ctas =
-      T <= kSingleCtaTokens ? 1 : static_cast<int>(std::min<int64_t>(heuristic_max, (T + per_cta - 1) / per_cta));
-  if (g_tuning.ctas > 0) ctas = g_tuning.ctas;
-  ctas = std::max(1, std::min(ctas, limits.ctas));
+  GridLimits limits;
+  auto grid = [&](KernelFn fn, int teams) {
+    limits =
+        grid_limits(kernel, fn, SmemLayout::make(E, p.groups, shared_groups, router::kInfoCap, teams).total, device);
+    const int one_per_sm = std::min(limits.ctas, limits.sms);
+    const int heuristic_max = T <= kTokensPerCtaBeforeSecondOnSm * limits.sms ? one_per_sm : limits.ctas;
+    int n =
+        T <= kSingleCtaTokens ? 1 : static_cast<int>(std::min<int64_t>(heuristic_max, (T + per_cta - 1) / per_cta));
+    if (g_tuning.ctas > 0) n = g_tuning.ctas;
+    return std::max(1, std::min(n, limits.ctas));
+  };
+  int teams = router::kWarps;
+  int ctas = grid(kernel.fn, teams);
+  // Two tokens per warp (a team of 16 lanes routes each; the per-token steps across lanes, sort, scans and
+  // reductions, serve two tokens at once) where the grid gives a warp more than one token, T > 2048 on 132 SMs. A
+  // lane then holds twice the values, which costs more than it saves in the sigmoid_grouped instances (sigmoid and
+  // group scores per value) until their grid takes two CTAs per SM (T > 64 per SM). Sweep on the H200
+  // (twenty-second session, kernel us, cold L2, --pairs never / always): E = 8 K = 2 and E = 128 K = 4 / 8 at
+  // T = 3072-16384 0.83-0.99x (T = 2048, one token per warp: 1.01-1.04x; E = 128 K = 8 at T = 16384 1.011x); dsv3
+  // (E = 256 sigmoid_grouped) at T = 2048-6144 1.05-1.16x, 8192 1.00-1.02x, 16384 0.94-0.97x. The team must hold
+  // every slot (Kt <= 16) and, with group limiting, whole groups of lanes (at most 16 groups).
+  const bool pairs_fit =
+      kernel.pairs != nullptr && p.slots <= kPairLanes &&
+      (!p.grouped || (p.group_lanes > 0 && p.group_lanes <= kPairLanes && p.n_group <= kPairLanes));
+  const bool pairs_pay = kernel.sigmoid ? ctas > limits.sms : (T + ctas - 1) / ctas > router::kWarps;
+  const bool pairs =
+      pairs_fit && (g_tuning.pairs == RoutePairs::always || (g_tuning.pairs == RoutePairs::heuristic && pairs_pay));
+  if (pairs) {
+    teams = router::kThreads / kPairLanes;
+    ctas = grid(kernel.pairs, teams);
+  }
   p.tokens_per_cta = static_cast<int>((T + ctas - 1) / ctas);
   const int64_t tpc = std::max(p.tokens_per_cta, 1);
   ctas = static_cast<int>(std::max<int64_t>(1, (T + tpc - 1) / tpc));
-  p.tokens_per_warp = (p.tokens_per_cta + router::kWarps - 1) / router::kWarps;
-  if (p.tokens_per_cta > 65535)  // per-CTA counts and per-warp ranks are uint16
+  p.tokens_per_warp = (p.tokens_per_cta + teams - 1) / teams;  // per team
+  if (p.tokens_per_cta > 65535)                                // per-CTA counts and per-warp ranks are uint16
     throw NotSupported("route", "tokens (" + std::to_string(T) +
                                     ") must be <= " + std::to_string(65535LL * limits.ctas) + " on this GPU");
   p.tiny = ctas == 1 && T * p.slots <= 32;
@@ -226,7 +267,7 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   p.octet_magic = routing_math::division_magic(static_cast<uint32_t>(router::pad8(E) / 8));
   const int64_t info = static_cast<int64_t>(p.tokens_per_cta) * p.top_k;
   p.info_words = info <= router::kInfoCap ? static_cast<int>(info) : 0;
-  const SmemLayout layout = SmemLayout::make(E, p.groups, shared_groups, p.info_words);
+  const SmemLayout layout = SmemLayout::make(E, p.groups, shared_groups, p.info_words, teams);
   if (ctas > 1) {
     int32_t* ws = plan.workspace;
     if (ws == nullptr)
@@ -249,13 +290,14 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   attr.val.cooperative = 1;
   config.attrs = &attr;
   config.numAttrs = ctas > 1 ? 1 : 0;
-  KernelFn fn = kernel.fn;
-  if (ctas == 1 && T <= router::kDecodeTokens && g_tuning.decode_instance)
+  KernelFn fn = pairs ? kernel.pairs : kernel.fn;
+  if (!pairs && ctas == 1 && T <= router::kDecodeTokens && g_tuning.decode_instance)
     fn = p.tiny ? kernel.decode_plan : kernel.decode_counts;
   check(cudaLaunchKernelEx(&config, fn, p), "launch of route_fused_kernel");
   check(cudaGetLastError(), "route_fused_kernel");
   g_last_ctas = ctas;
   g_last_tiny_plan = p.tiny != 0;
+  g_last_pairs = pairs;
   plan.tokens = T;
 }
 

@@ -1,6 +1,7 @@
-// Warp-per-token top-k of the fused router. One warp reads a token's logits row (16-byte loads: lane l holds V
-// consecutive experts of each 32*V-wide chunk, NC chunks, so the expert capacity is a compile-time constant and
-// every per-value loop unrolls into registers), computes each selection key once with routing_math (bit-identical
+// Warp-per-token top-k of the fused router (or half-warp-per-token: a Team of 16 lanes, two tokens per warp at
+// once, where a grid gives each warp several tokens). One team reads a token's logits row (16-byte loads: lane l
+// holds V consecutive experts of each LPT*V-wide chunk, NC chunks, so the expert capacity is a compile-time constant
+// and every per-value loop unrolls into registers), computes each selection key once with routing_math (bit-identical
 // to the CPU) as an order-preserving integer (0 = not selectable, NaN = 1), applies group limiting, then picks
 // the K best. Usually by a threshold (the K-th largest lane maximum) that few values reach, ranking those few
 // against each other; otherwise (many ties, a few lanes holding every winner) by K rounds of a warp argmax (a
@@ -22,6 +23,19 @@ namespace moekit::detail::router {
 namespace rm = moekit::routing_math;
 
 inline constexpr uint32_t kFullMask = 0xffffffffu;
+
+/// The lanes that route one token: the whole warp (LPT = 32), or half of it (LPT = 16: a warp routes two tokens at
+/// once, each half with its own shared scratch and histogram, as if it were a warp of 16 lanes). Every collective of
+/// the token path names the team's lanes only, so the two halves may diverge.
+template <int LPT>
+struct Team {
+  static_assert(LPT == 16 || LPT == 32);
+  uint32_t mask;  // the team's lanes
+  int base;       // its first lane
+  int l;          // this lane's index in the team
+  __device__ __forceinline__ explicit Team(int lane)
+      : mask(LPT == 32 ? kFullMask : 0xffffu << (lane & 16)), base(LPT == 32 ? 0 : lane & 16), l(lane & (LPT - 1)) {}
+};
 
 /// Everything one launch reads and writes. Pointers are device memory; sizes in elements.
 struct RouteParams {
@@ -127,17 +141,19 @@ __device__ __forceinline__ float from_ordered(uint32_t o) {
   return __uint_as_float((o & 0x80000000u) ? (o & 0x7fffffffu) : ~o);
 }
 
-/// Sum over lanes [0, n) of values that are 0 in lanes >= n (n <= 32): a butterfly over the first power of two
-/// >= n lanes only (3 steps for K = 8 instead of 5).
-__device__ __forceinline__ float sum_first_lanes(float v, int n) {
+/// Sum over a team's lanes [0, n) of values that are 0 in its lanes >= n (n <= LPT): a butterfly over the first
+/// power of two >= n lanes only (3 steps for K = 8 instead of 5).
+__device__ __forceinline__ float sum_first_lanes(float v, int n, uint32_t mask) {
   const int width = n <= 1 ? 1 : 1 << (32 - __clz(n - 1));
-  for (int off = width >> 1; off > 0; off >>= 1) v += __shfl_xor_sync(kFullMask, v, off);
+  for (int off = width >> 1; off > 0; off >>= 1) v += __shfl_xor_sync(mask, v, off);
   return v;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
+/// Sum over the LPT lanes of a team.
+template <int LPT>
+__device__ __forceinline__ float team_sum(float v, uint32_t mask) {
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(kFullMask, v, off);
+  for (int off = LPT / 2; off > 0; off >>= 1) v += __shfl_xor_sync(mask, v, off);
   return v;
 }
 
@@ -154,24 +170,25 @@ __device__ __forceinline__ float softmax_term(float logit, float max) {
   return logit == max ? 1.0f : rm::exp(rm::add(logit, -max));
 }
 
-/// One token's row as NC 16-byte vectors per lane: lane l holds experts (c*32 + l)*V .. +V-1 of chunk c. Columns
-/// past E hold `pad` (an element's bits: 0, or -inf so that a row max and a sum of exponentials ignore them).
-template <class In, int NC>
+/// One token's row as NC 16-byte vectors per lane: lane l of a team of LPT lanes holds experts (c*LPT + l)*V ..
+/// +V-1 of chunk c. Columns past E hold `pad` (an element's bits: 0, or -inf so that a row max and a sum of
+/// exponentials ignore them).
+template <class In, int NC, int LPT = 32>
 struct RowRegs {
   static constexpr int V = 16 / sizeof(In);
   uint4 v[NC];
 
   __device__ __forceinline__ void load(const RouteParams& p, int64_t t, int lane, uint32_t pad) {
     const In* row = static_cast<const In*>(p.logits) + t * p.row_stride;
-    if (p.vector_ok && p.experts == 32 * V * NC) {  // a full row: no column past E, no per-vector check
+    if (p.vector_ok && p.experts == LPT * V * NC) {  // a full row: no column past E, no per-vector check
 #pragma unroll
-      for (int c = 0; c < NC; ++c) v[c] = __ldg(reinterpret_cast<const uint4*>(row + (c * 32 + lane) * V));
+      for (int c = 0; c < NC; ++c) v[c] = __ldg(reinterpret_cast<const uint4*>(row + (c * LPT + lane) * V));
       return;
     }
     const uint32_t pad_word = V == 4 ? pad : pad << 16 | pad;
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
-      const int e0 = (c * 32 + lane) * V;
+      const int e0 = (c * LPT + lane) * V;
       v[c] = make_uint4(pad_word, pad_word, pad_word, pad_word);
       if (p.vector_ok) {
         if (e0 < p.experts) v[c] = __ldg(reinterpret_cast<const uint4*>(row + e0));
@@ -203,10 +220,10 @@ __device__ __forceinline__ uint32_t selection_key(float s) {
 template <class In, bool kSigmoid>
 inline constexpr uint32_t kPadBits = kSigmoid ? 0u : (sizeof(In) == 4 ? 0xff800000u : 0xff80u);
 
-/// Expert held in a lane's value j (j = chunk * V + i); j may be a run-time value.
-template <int V>
-__device__ __forceinline__ int expert_of(int j, int lane) {
-  return (j / V) * 32 * V + lane * V + (j % V);
+/// Expert held in value j (j = chunk * V + i) of lane l of a team of LPT lanes; j may be a run-time value.
+template <int V, int LPT = 32>
+__device__ __forceinline__ int expert_of(int j, int l) {
+  return (j / V) * LPT * V + l * V + (j % V);
 }
 
 /// Per-warp shared memory for group limiting: keys [E] (then group scores) and 32 kept-group mask words.
@@ -253,49 +270,55 @@ __device__ __forceinline__ void st_shared4_if(bool pred, uint32_t addr, uint32_t
 /// the 32 lanes' maxima (a bitonic sort across the lanes): at least K values reach it, so the K best are among
 /// those that do. Those candidates are compacted into `cand` (32 x (~expert, key, value, -) per warp) and each
 /// candidate's rank is counted against all of them: a fixed number of steps instead of K dependent rounds.
-template <int V, int VPT>
-__device__ __forceinline__ bool select_by_threshold(const uint32_t (&k)[VPT], const float (&v)[VPT], int K, int lane,
-                                                    uint4* cand, uint2* sel) {
+template <int V, int VPT, int LPT>
+__device__ __forceinline__ bool select_by_threshold(const uint32_t (&k)[VPT], const float (&v)[VPT], int K,
+                                                    const Team<LPT>& tm, uint4* cand, uint2* sel) {
+  const int l = tm.l;
   uint32_t m = 0;
 #pragma unroll
   for (int j = 0; j < VPT; ++j) m = max(m, k[j]);
 #pragma unroll
-  for (int size = 2; size <= 32; size <<= 1)
+  for (int size = 2; size <= LPT; size <<= 1)
 #pragma unroll
     for (int stride = size >> 1; stride > 0; stride >>= 1) {  // descending: lane i ends with the (i+1)-th largest
-      const uint32_t o = __shfl_xor_sync(kFullMask, m, stride);
-      m = ((lane & size) == 0) == ((lane & stride) == 0) ? max(m, o) : min(m, o);
+      const uint32_t o = __shfl_xor_sync(tm.mask, m, stride);
+      m = ((l & size) == 0) == ((l & stride) == 0) ? max(m, o) : min(m, o);
     }
-  const uint32_t thr = max(__shfl_sync(kFullMask, m, K - 1), 1u);  // key 0 is "none", never a candidate
+  const uint32_t thr = max(__shfl_sync(tm.mask, m, tm.base + K - 1), 1u);  // key 0 is "none", never a candidate
   int n = 0;
 #pragma unroll
   for (int j = 0; j < VPT; ++j) n += k[j] >= thr ? 1 : 0;
   int at = n;  // inclusive scan of the lanes' counts
 #pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const int o = __shfl_up_sync(kFullMask, at, off);
-    at += lane >= off ? o : 0;
+  for (int off = 1; off < LPT; off <<= 1) {
+    const int o = __shfl_up_sync(tm.mask, at, off, LPT);
+    at += l >= off ? o : 0;
   }
-  const int total = __shfl_sync(kFullMask, at, 31);
+  const int total = __shfl_sync(tm.mask, at, tm.base + LPT - 1);
   if (total > 32) return false;
   at -= n;
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(cand));
 #pragma unroll
   for (int j = 0; j < VPT; ++j) {
     const bool c = k[j] >= thr;
-    st_shared4_if(c, base + 16u * static_cast<uint32_t>(at), ~static_cast<uint32_t>(expert_of<V>(j, lane)), k[j],
+    st_shared4_if(c, base + 16u * static_cast<uint32_t>(at), ~static_cast<uint32_t>(expert_of<V, LPT>(j, l)), k[j],
                   __float_as_uint(v[j]), 0u);
     at += c ? 1 : 0;
   }
-  __syncwarp();
-  if (lane < total) {
-    // (key, ~expert) as one 64-bit word: larger is selected first, equal keys prefer the lower expert.
-    const uint4 me = cand[lane];
-    const uint64_t order = static_cast<uint64_t>(me.y) << 32 | me.x;
-    int rank = 0;
+  __syncwarp(tm.mask);
+  // One candidate per lane (two per lane in a team of 16: up to 32 candidates).
+#pragma unroll
+  for (int q = 0; q < 32 / LPT; ++q) {
+    const int ci = l + q * LPT;
+    if (ci < total) {
+      // (key, ~expert) as one 64-bit word: larger is selected first, equal keys prefer the lower expert.
+      const uint4 me = cand[ci];
+      const uint64_t order = static_cast<uint64_t>(me.y) << 32 | me.x;
+      int rank = 0;
 #pragma unroll 4
-    for (int i = 0; i < total; ++i) rank += *reinterpret_cast<const uint64_t*>(cand + i) > order ? 1 : 0;
-    if (rank < K) sel[rank] = make_uint2(~me.x, me.z);
+      for (int i = 0; i < total; ++i) rank += *reinterpret_cast<const uint64_t*>(cand + i) > order ? 1 : 0;
+      if (rank < K) sel[rank] = make_uint2(~me.x, me.z);
+    }
   }
   return true;
 }
@@ -339,14 +362,16 @@ __device__ __forceinline__ void sigmoid_all(const float (&x)[VPT], float (&s)[VP
   }
 }
 
-/// Group limiting when a group is p.group_lanes whole lanes of a chunk and n_group <= 32, all in registers: each
-/// lane's two best keys, a butterfly over the group's lanes, lane g then holds group g's score and counts the
-/// groups ahead of it. Same result as limit_groups().
-template <int V, int VPT>
-__device__ __forceinline__ void limit_groups_in_lanes(const RouteParams& p, uint32_t (&k)[VPT], int lane) {
+/// Group limiting when a group is p.group_lanes whole lanes of a chunk and n_group <= LPT (the launcher checks
+/// both against the team), all in registers: each lane's two best keys, a butterfly over the group's lanes, the
+/// team's lane g then holds group g's score and counts the groups ahead of it. Same result as limit_groups().
+template <int V, int VPT, int LPT>
+__device__ __forceinline__ void limit_groups_in_lanes(const RouteParams& p, uint32_t (&k)[VPT], const Team<LPT>& tm) {
   constexpr int NC = VPT / V;
+  constexpr int kLog2Lanes = LPT == 32 ? 5 : 4;
+  const int l = tm.l;
   const int lpg = p.group_lanes, ng = p.n_group;
-  const int lpg_shift = __ffs(lpg) - 1, per_chunk = 32 >> lpg_shift;  // lpg is a power of two: no divisions
+  const int lpg_shift = __ffs(lpg) - 1, per_chunk = LPT >> lpg_shift;  // lpg is a power of two: no divisions
   uint32_t a1[NC], a2[NC];
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
@@ -362,33 +387,33 @@ __device__ __forceinline__ void limit_groups_in_lanes(const RouteParams& p, uint
   for (int off = 1; off < lpg; off <<= 1) {
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
-      const uint32_t b1 = __shfl_xor_sync(kFullMask, a1[c], off), b2 = __shfl_xor_sync(kFullMask, a2[c], off);
+      const uint32_t b1 = __shfl_xor_sync(tm.mask, a1[c], off), b2 = __shfl_xor_sync(tm.mask, a2[c], off);
       a2[c] = max(min(a1[c], b1), max(a2[c], b2));
       a1[c] = max(a1[c], b1);
     }
   }
   // Lane g (< ng) fetches group g's score from the first lane of that group.
-  const int src = (lane & (per_chunk - 1)) << lpg_shift, mine_chunk = lane >> (5 - lpg_shift);
+  const int src = tm.base + ((l & (per_chunk - 1)) << lpg_shift), mine_chunk = l >> (kLog2Lanes - lpg_shift);
   uint32_t mine = 0;
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
     const uint32_t score = rm::ordered_key(rm::add(from_ordered(a1[c]), from_ordered(a2[c])));
-    const uint32_t got = __shfl_sync(kFullMask, score, src);
+    const uint32_t got = __shfl_sync(tm.mask, score, src);
     if (c == mine_chunk) mine = got;
   }
   int rank = 0;
 #pragma unroll 4
   for (int h = 0; h < ng; ++h) {
-    const uint32_t oh = __shfl_sync(kFullMask, mine, h);
-    rank += (oh > mine) || (oh == mine && h < lane);
+    const uint32_t oh = __shfl_sync(tm.mask, mine, tm.base + h);
+    rank += (oh > mine) || (oh == mine && h < l);
   }
-  const uint32_t kept = __ballot_sync(kFullMask, lane < ng && rank < p.topk_group);
+  const uint32_t kept = __ballot_sync(tm.mask, l < ng && rank < p.topk_group) >> tm.base;
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
-    const int g = c * per_chunk + (lane >> lpg_shift);
+    const int g = c * per_chunk + (l >> lpg_shift);
 #pragma unroll
     for (int i = 0; i < V; ++i)
-      if (g >= 32 || !((kept >> g) & 1u)) k[c * V + i] = 0u;  // groups >= n_group hold no valid expert
+      if (g >= LPT || !((kept >> g) & 1u)) k[c * V + i] = 0u;  // groups >= n_group hold no valid expert
   }
 }
 
@@ -458,22 +483,27 @@ __device__ __forceinline__ void limit_groups(const RouteParams& p, uint32_t (&k)
   __syncwarp();  // the next token's keys overwrite ws.keys
 }
 
-/// Routes token t from `row` and, once the keys are computed, starts loading token `next` (if >= 0) into `row`.
+/// Routes token t from `row` and, once the keys are computed, starts loading token `next` (if >= 0) into `row`, in a
+/// team of LPT lanes (Team: the warp, or half of it); `lane` is the lane's index in the warp and `sel`, `cand`,
+/// `hist` and `ws` are the team's.
 /// kSigmoid: the key is sigmoid(logit) + bias (sigmoid_grouped), else logit + bias. `bias_s` is the bias row in
 /// shared memory, zero-padded to the kernel's expert capacity (all zeros without a bias: adding +0 changes no
 /// key's order). `sel` is 32 (expert, value) pairs and `cand` 32 candidates of per-warp shared scratch. Writes the
 /// token's ids, weights and replay row; returns (expert << 16 | rank in warp) of slot `lane` (lanes < K; ranks count
 /// earlier tokens of this warp, so the plan is deterministic) and bumps the warp's histogram; a tiny plan (one token
 /// per warp: every rank 0) needs neither. kHandOff: the selection is handed to the warps without tokens before the
-/// weights (HandOff).
-template <class In, int NC, bool kSigmoid, HandOff kHandOff>
-__device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t, RowRegs<In, NC>& row, int64_t next,
-                                                int lane, const float* bias_s, uint16_t* hist, const WarpScratch& ws,
-                                                uint2* sel, uint4* cand) {
-  constexpr int V = RowRegs<In, NC>::V;
+/// weights (HandOff; teams of 32 lanes only).
+template <class In, int NC, bool kSigmoid, HandOff kHandOff, int LPT = 32>
+__device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t, RowRegs<In, NC, LPT>& row,
+                                                int64_t next, int lane, const float* bias_s, uint16_t* hist,
+                                                const WarpScratch& ws, uint2* sel, uint4* cand) {
+  static_assert(LPT == 32 || kHandOff == HandOff::none);
+  constexpr int V = RowRegs<In, NC, LPT>::V;
   constexpr int VPT = NC * V;
   const int E = p.experts, K = p.top_k;
   const auto method = static_cast<RoutingMethod>(p.method);
+  const Team<LPT> tm(lane);
+  const int l = tm.l;
 
   float x[VPT];
 #pragma unroll
@@ -499,7 +529,7 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
     float b[V];
 #pragma unroll
     for (int q = 0; q < V; q += 4) {
-      const float4 b4 = *reinterpret_cast<const float4*>(bias_s + (c * 32 + lane) * V + q);
+      const float4 b4 = *reinterpret_cast<const float4*>(bias_s + (c * LPT + l) * V + q);
       b[q] = b4.x;
       b[q + 1] = b4.y;
       b[q + 2] = b4.z;
@@ -508,18 +538,18 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
 #pragma unroll
     for (int i = 0; i < V; ++i) k[c * V + i] = selection_key(rm::add(v[c * V + i], b[i]));
   }
-  if (E < 32 * VPT) {  // columns past E (a warp-uniform branch: most shapes fill the instance's capacity)
+  if (E < LPT * VPT) {  // columns past E (a warp-uniform branch: most shapes fill the instance's capacity)
 #pragma unroll
-    for (int j = 0; j < VPT; ++j) k[j] = expert_of<V>(j, lane) < E ? k[j] : 0u;
+    for (int j = 0; j < VPT; ++j) k[j] = expert_of<V, LPT>(j, l) < E ? k[j] : 0u;
   }
   // The row registers are free now: the next row loads while this one is selected, except in the 32-value
   // instances, where keeping both would spill (there it loads once this token is done).
-  if (kEarlyNext && next >= 0) row.load(p, next, lane, kPadBits<In, kSigmoid>);
+  if (kEarlyNext && next >= 0) row.load(p, next, l, kPadBits<In, kSigmoid>);
   if constexpr (kSigmoid) {  // only sigmoid_grouped limits groups
     if (p.grouped) {
       if (p.group_lanes > 0)
-        limit_groups_in_lanes<V>(p, k, lane);
-      else
+        limit_groups_in_lanes<V>(p, k, tm);
+      else if constexpr (LPT == 32)  // teams of 16 lanes take only groups of whole lanes (the launcher's rule)
         limit_groups<V>(p, k, lane, ws);
     }
   }
@@ -534,19 +564,19 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
     float lane_max = -__int_as_float(0x7f800000);
 #pragma unroll
     for (int j = 0; j < VPT; ++j) lane_max = fmaxf(lane_max, v[j]);
-    row_max = from_ordered(__reduce_max_sync(kFullMask, rm::ordered_key(lane_max)));  // -inf if every logit NaN
+    row_max = from_ordered(__reduce_max_sync(tm.mask, rm::ordered_key(lane_max)));  // -inf if every logit NaN
     float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < VPT; ++j) s += fast_exp(v[j] - row_max);
-    denom = warp_sum(s);
+    denom = team_sum<LPT>(s, tm.mask);
     if (denom != denom) {
       s = 0.0f;
 #pragma unroll
       for (int j = 0; j < VPT; ++j) {
         const float term = v[j] == row_max ? 1.0f : fast_exp(v[j] - row_max);
-        s += expert_of<V>(j, lane) < E && v[j] == v[j] ? term : 0.0f;
+        s += expert_of<V, LPT>(j, l) < E && v[j] == v[j] ? term : 0.0f;
       }
-      denom = warp_sum(s);
+      denom = team_sum<LPT>(s, tm.mask);
     }
   };
   if constexpr (!kSigmoid && VPT <= 16) softmax_stats();
@@ -558,7 +588,7 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
   // and updates its offers under predicates, and the rescan (a lane winning twice since its last scan) runs
   // warp-uniformly over the values not yet taken.
   bool selected = false;
-  if constexpr (VPT <= 16) selected = select_by_threshold<V>(k, v, K, lane, cand, sel);  // 32 values: would spill
+  if constexpr (VPT <= 16) selected = select_by_threshold<V>(k, v, K, tm, cand, sel);  // 32 values: would spill
   if (!selected) {
     Offer first, second;
     uint32_t taken = 0;
@@ -567,15 +597,15 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
     uint32_t sel_addr;  // opaque to the compiler, so it stays in a register instead of being recomputed per round
     asm volatile("mov.b32 %0, %1;" : "=r"(sel_addr) : "r"(static_cast<uint32_t>(__cvta_generic_to_shared(sel))));
     for (int r = 0; r < K; ++r) {
-      const uint32_t best = __reduce_max_sync(kFullMask, first.key);
-      const int mine = expert_of<V>(first.j, lane);
+      const uint32_t best = __reduce_max_sync(tm.mask, first.key);
+      const int mine = expert_of<V, LPT>(first.j, l);
       bool win = first.key == best;
-      uint32_t winners = __ballot_sync(kFullMask, win);
+      uint32_t winners = __ballot_sync(tm.mask, win);
       if (__popc(winners) > 1) {
         const uint32_t lo = 0xffffffffu - static_cast<uint32_t>(mine);
-        const uint32_t lowest = __reduce_max_sync(kFullMask, win ? lo : 0u);  // every lane takes part
+        const uint32_t lowest = __reduce_max_sync(tm.mask, win ? lo : 0u);  // every lane of the team takes part
         win = win && lo == lowest;
-        winners = __ballot_sync(kFullMask, win);
+        winners = __ballot_sync(tm.mask, win);
       }
       // The winner stores (expert, value) to slot r with a predicated store: nothing in the round waits for it.
       st_shared_if(win, sel_addr + 8u * static_cast<uint32_t>(r), static_cast<uint32_t>(mine),
@@ -584,7 +614,7 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
       const bool rescan = win && !second_known;
       first = win ? second : first;
       second_known = win ? !second_known : second_known;
-      if (__any_sync(kFullMask, rescan)) {
+      if (__any_sync(tm.mask, rescan)) {
         Offer f, s2;
         lane_top2(k, v, taken, f, s2);
         if (rescan) {
@@ -595,13 +625,13 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
       }
     }
   }
-  __syncwarp();
+  __syncwarp(tm.mask);
   if constexpr (!kSigmoid && VPT > 16) softmax_stats();
   if constexpr (kHandOff == HandOff::plan) arrive_selected();  // the others build the plan meanwhile
 
-  // Weights of the K routed slots (lane r holds slot r).
-  const bool routed = lane < K;
-  const uint2 chosen = routed ? reinterpret_cast<const uint2*>(sel)[lane] : make_uint2(0, 0);
+  // Weights of the K routed slots (the team's lane r holds slot r).
+  const bool routed = l < K;
+  const uint2 chosen = routed ? reinterpret_cast<const uint2*>(sel)[l] : make_uint2(0, 0);
   const int expert = static_cast<int>(chosen.x);
   const float raw = __uint_as_float(chosen.y);
   if constexpr (kHandOff == HandOff::counts) {  // one token per warp: its slots' ranks are 0
@@ -615,10 +645,10 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
       if (!p.renormalize) w = denom != 0.0f ? rm::div(w, denom) : 0.0f;
       break;
     case RoutingMethod::topk_softmax: {
-      const uint32_t om = __reduce_max_sync(kFullMask, routed ? rm::ordered_key(raw) : 0u);
+      const uint32_t om = __reduce_max_sync(tm.mask, routed ? rm::ordered_key(raw) : 0u);
       const float m = om == 0 ? -__int_as_float(0x7f800000) : from_ordered(om);
       w = routed ? softmax_term(raw, m) : 0.0f;
-      const float sum = sum_first_lanes(w, K);
+      const float sum = sum_first_lanes(w, K, tm.mask);
       w = sum != 0.0f ? rm::div(w, sum) : 0.0f;
       break;
     }
@@ -632,7 +662,7 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
   }
   // topk_softmax is normalized already and llama4 (K = 1) keeps its sigmoid: renormalize leaves them be.
   if (p.renormalize && method != RoutingMethod::topk_softmax && method != RoutingMethod::llama4) {
-    const float sum = sum_first_lanes(routed ? w : 0.0f, K);
+    const float sum = sum_first_lanes(routed ? w : 0.0f, K, tm.mask);
     if (sum != 0.0f) w = rm::div(w, sum);
   }
   w = rm::mul(w, p.scale);
@@ -646,15 +676,15 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
       hist[expert] = static_cast<uint16_t>(r + 1);
       info |= r;
     }
-    p.topk_ids[base + lane] = expert;
-    p.topk_weights[base + lane] = w;
-    if (p.replay != nullptr) p.replay[t * K + lane] = static_cast<int16_t>(expert);
-  } else if (lane < p.slots) {
-    p.topk_ids[base + lane] = E + lane - K;
-    p.topk_weights[base + lane] = 1.0f;
+    p.topk_ids[base + l] = expert;
+    p.topk_weights[base + l] = w;
+    if (p.replay != nullptr) p.replay[t * K + l] = static_cast<int16_t>(expert);
+  } else if (l < p.slots) {
+    p.topk_ids[base + l] = E + l - K;
+    p.topk_weights[base + l] = 1.0f;
   }
-  if (!kEarlyNext && next >= 0) row.load(p, next, lane, kPadBits<In, kSigmoid>);
-  __syncwarp();  // the next token's winners overwrite sel
+  if (!kEarlyNext && next >= 0) row.load(p, next, l, kPadBits<In, kSigmoid>);
+  __syncwarp(tm.mask);  // the next token's winners overwrite sel
   return info;
 }
 
