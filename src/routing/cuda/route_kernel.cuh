@@ -380,11 +380,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
       bias_s[e] = rm::add(b, 0.0f);
     }
   };
-  // The general instances load the bias first: it then lands before the rows' DRAM reads instead of queueing
-  // behind them (twenty-second session, kernel us, same call: dsv3 T = 1024 / 2048-8192 0.970 / 0.955-0.971x, seed6
-  // 0.963-0.982x, with two tokens per warp dsv3 T = 16384 0.957x); the decode instances load the row first (with
-  // the bias first dsv3 T = 1, the one cell at the 4 us goal, took 1.016x).
-  if constexpr (kHandOff == HandOff::none) load_bias();
+  // The bias first: it then lands before the rows' DRAM reads instead of queueing behind them (twenty-second
+  // session, kernel us, same call: dsv3 T = 1024 / 2048-8192 0.970 / 0.955-0.971x, seed6 0.963-0.982x, with two
+  // tokens per warp dsv3 T = 16384 0.957x; the decode counts instance, E = 512 K = 10 T = 6 / 8 0.977 / 0.967x);
+  // the decode plan instance (T * Kt <= 32) loads the row first (with the bias first dsv3 T = 1, the one cell at
+  // the 4 us goal, took 1.016x).
+  if constexpr (kHandOff != HandOff::plan) load_bias();
   const int cta_t0 = blockIdx.x * p.tokens_per_cta;
   const int cta_t1 = min(cta_t0 + p.tokens_per_cta, T);
   const int t0 = min(cta_t0 + team * p.tokens_per_warp, cta_t1);  // tokens_per_warp: per team
@@ -407,7 +408,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
   if (prefill_warp0 == 0) prefill_plan(p, T * Kt, 0);
   if (!p.tiny)  // a tiny plan ranks without histograms
     for (int i = tid; i < active_teams * e_pad / 2; i += kThreads) reinterpret_cast<uint32_t*>(hist)[i] = 0;
-  if constexpr (kHandOff != HandOff::none) load_bias();
+  if constexpr (kHandOff == HandOff::plan) load_bias();
   __syncthreads();
   trace_point(p, 1);
   if (prefill_warp0 > 0 && warp >= prefill_warp0) prefill_plan(p, T * Kt, prefill_warp0);

@@ -267,9 +267,9 @@ __device__ __forceinline__ void st_shared4_if(bool pred, uint32_t addr, uint32_t
 /// The K best values (key descending, then expert ascending) into sel[0, K) as (expert, value), when at most 32
 /// values reach the threshold below; returns false, having written nothing to sel, when more do (ties, a few
 /// lanes holding everything), and the caller selects by rounds instead. The threshold is the K-th largest of
-/// the 32 lanes' maxima (a bitonic sort across the lanes): at least K values reach it, so the K best are among
-/// those that do. Those candidates are compacted into `cand` (32 x (~expert, key, value, -) per warp) and each
-/// candidate's rank is counted against all of them: a fixed number of steps instead of K dependent rounds.
+/// the team's LPT lane maxima (a bitonic sort across the lanes; K <= LPT): at least K values reach it, so the K best
+/// are among those that do. Those candidates are compacted into `cand` (32 x (~expert, key, value, -) per team) and
+/// each candidate's rank is counted against all of them: a fixed number of steps instead of K dependent rounds.
 template <int V, int VPT, int LPT>
 __device__ __forceinline__ bool select_by_threshold(const uint32_t (&k)[VPT], const float (&v)[VPT], int K,
                                                     const Team<LPT>& tm, uint4* cand, uint2* sel) {
