@@ -401,8 +401,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
   const int active_teams =
       cta_t1 > cta_t0 ? plan_div(p, cta_t1 - cta_t0 + p.tokens_per_warp - 1, p.tokens_per_warp, p.warp_tokens_magic)
                       : 0;
-  // The plan's rows and blocks (prefill_plan()): when every warp has tokens, all of them now, before the bias
-  // loads; else the warps without tokens, while the others route (below).
+  // The plan's rows and blocks (prefill_plan()): when every warp has tokens, all of them now; else the warps without
+  // tokens, while the others route (below).
   const int busy_warps = LPT == 32 ? active_teams : (active_teams + 1) / 2;
   const int prefill_warp0 = busy_warps < kWarps ? busy_warps : 0;
   if (prefill_warp0 == 0) prefill_plan(p, T * Kt, 0);
