@@ -665,6 +665,21 @@ std::vector<Case> cases() {
 }
 
 // MOEKIT_TEST_QUICK=1 (used under compute-sanitizer, which slows kernels 10-100x) skips cases above 2048 tokens.
+// The rule for two tokens per warp at the grids the heuristic takes on 132 SMs (twenty-second session's sweep): not
+// at one token per warp (T = 2048 on 128 CTAs), from 1.5 per warp on (T = 3072); sigmoid_grouped only on two CTAs
+// per SM (dsv3 T = 8192 on 131 CTAs: no, T = 16384 on 261: yes). Host code: runs without a GPU.
+TEST(RouteCudaPairs, HeuristicFollowsTheSweep) {
+  EXPECT_FALSE(detail::route_cuda_pairs_pay(false, 2048, 128, 132));
+  EXPECT_TRUE(detail::route_cuda_pairs_pay(false, 3072, 128, 132));
+  EXPECT_TRUE(detail::route_cuda_pairs_pay(false, 16384, 261, 132));
+  EXPECT_FALSE(detail::route_cuda_pairs_pay(false, 16, 1, 132));
+  EXPECT_TRUE(detail::route_cuda_pairs_pay(false, 17, 1, 132));  // a forced single CTA with 17 tokens
+  EXPECT_FALSE(detail::route_cuda_pairs_pay(true, 4096, 128, 132));
+  EXPECT_FALSE(detail::route_cuda_pairs_pay(true, 8192, 131, 132));
+  EXPECT_TRUE(detail::route_cuda_pairs_pay(true, 16384, 261, 132));
+  EXPECT_FALSE(detail::route_cuda_pairs_pay(false, 100, 0, 132));
+}
+
 TEST_F(GpuRoute, MatchesReference) {
   uint64_t seed = base_seed();
   const bool quick = std::getenv("MOEKIT_TEST_QUICK") != nullptr;

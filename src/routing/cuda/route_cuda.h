@@ -62,5 +62,10 @@ int route_cuda_last_ctas();
 bool route_cuda_last_tiny_plan();
 /// Whether the last route_cuda() call routed two tokens per warp (RoutePairs).
 bool route_cuda_last_pairs();
+/// The heuristic's rule for two tokens per warp (RoutePairs::heuristic), where the kernel instance allows it: a call
+/// of `tokens` whose one-token-per-warp grid is `ctas` CTAs on a GPU of `sms` SMs takes it when that grid gives a
+/// warp more than one token and, for sigmoid_grouped (whose lanes then hold twice the sigmoids), when the grid takes
+/// more than one CTA per SM.
+bool route_cuda_pairs_pay(bool sigmoid_grouped, int64_t tokens, int ctas, int sms);
 
 }  // namespace moekit::detail

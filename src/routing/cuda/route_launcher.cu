@@ -163,6 +163,10 @@ bool route_cuda_last_tiny_plan() {
 bool route_cuda_last_pairs() {
   return g_last_pairs;
 }
+bool route_cuda_pairs_pay(bool sigmoid_grouped, int64_t tokens, int ctas, int sms) {
+  if (ctas < 1) return false;
+  return sigmoid_grouped ? ctas > sms : (tokens + ctas - 1) / ctas > router::kWarps;
+}
 
 void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const TensorView& bias, RoutePlanView& plan,
                 int64_t capacity, Stream stream, const TensorView& replay) {
@@ -242,9 +246,10 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   const bool pairs_fit =
       kernel.pairs != nullptr && p.slots <= kPairLanes &&
       (!p.grouped || (p.group_lanes > 0 && p.group_lanes <= kPairLanes && p.n_group <= kPairLanes));
-  const bool pairs_pay = kernel.sigmoid ? ctas > limits.sms : (T + ctas - 1) / ctas > router::kWarps;
   const bool pairs =
-      pairs_fit && (g_tuning.pairs == RoutePairs::always || (g_tuning.pairs == RoutePairs::heuristic && pairs_pay));
+      pairs_fit &&
+      (g_tuning.pairs == RoutePairs::always ||
+       (g_tuning.pairs == RoutePairs::heuristic && route_cuda_pairs_pay(kernel.sigmoid, T, ctas, limits.sms)));
   if (pairs) {
     teams = router::kThreads / kPairLanes;
     ctas = grid(kernel.pairs, teams);
