@@ -27,8 +27,8 @@ int64_t route_cuda_workspace_ints(const PlanShape& shape);
 /// does the same even count in both words.
 inline constexpr int kRouteEpochWord = 0, kRouteArrivalsWord = 1;
 
-/// When the fused router routes two tokens per warp (teams of 16 lanes): where the grid gives a warp more than one
-/// token (the heuristic), never, or always where the kernel instance allows it (tests: every call size).
+/// When the fused router routes two tokens per warp (teams of 16 lanes): by the heuristic (route_cuda_pairs_pay()),
+/// never, or always where the kernel instance allows it (tests: every call size).
 enum class RoutePairs { heuristic, never, always };
 
 /// Launch geometry of the fused router, for benchmarks that compare alternatives. ctas = 0 (the default) lets the
@@ -48,7 +48,7 @@ struct RouteCudaTuning {
   /// false: calls of at most 8 tokens take the general kernel instance instead of a decode instance (tests).
   bool decode_instance = true;
   /// Two tokens per warp (RoutePairs). Possible for logits of at most 256 experts, at most 16 slots per token and,
-  /// with group limiting, groups of whole lanes (2-16 lanes) and at most 16 groups; elsewhere ignored.
+  /// with group limiting, groups of whole lanes (1-16 lanes) and at most 16 groups; elsewhere ignored.
   RoutePairs pairs = RoutePairs::heuristic;
 };
 inline constexpr int kRouteTracePoints = 8;
