@@ -388,8 +388,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
   if constexpr (kHandOff != HandOff::plan) load_bias();
   const int cta_t0 = blockIdx.x * p.tokens_per_cta;
   const int cta_t1 = min(cta_t0 + p.tokens_per_cta, T);
-  const int t0 = min(cta_t0 + team * p.tokens_per_warp, cta_t1);  // tokens_per_warp: per team
-  const int t1 = min(t0 + p.tokens_per_warp, cta_t1);
+  const int t0 = min(cta_t0 + team * p.tokens_per_team, cta_t1);
+  const int t1 = min(t0 + p.tokens_per_team, cta_t1);
   RowRegs<In, NC, LPT> row;
   if (t0 < t1) row.load(p, t0, tl, kPadBits<In, kSigmoid>);
   // A kernel launched after this one with programmatic stream serialization (the expert GEMV) may start now and
@@ -399,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
 
   // Teams past the CTA's tokens keep empty histograms: only the active ones are zeroed and scanned.
   const int active_teams =
-      cta_t1 > cta_t0 ? plan_div(p, cta_t1 - cta_t0 + p.tokens_per_warp - 1, p.tokens_per_warp, p.warp_tokens_magic)
+      cta_t1 > cta_t0 ? plan_div(p, cta_t1 - cta_t0 + p.tokens_per_team - 1, p.tokens_per_team, p.team_tokens_magic)
                       : 0;
   // The plan's rows and blocks (prefill_plan()): when every warp has tokens, all of them now; else the warps without
   // tokens, while the others route (below).
@@ -563,7 +563,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
     if (k < K) {
       const uint32_t packed = p.info_words > 0 ? info_s[(t - cta_t0) * K + k] : static_cast<uint32_t>(p.slot_rows[s]);
       const int e = static_cast<int>(packed >> 16);
-      const int w = plan_div(p, t - cta_t0, p.tokens_per_warp, p.warp_tokens_magic);
+      const int w = plan_div(p, t - cta_t0, p.tokens_per_team, p.team_tokens_magic);
       row_id = base_s[e] + hist[w * e_pad + e] + static_cast<int>(packed & 0xffffu);
     } else {
       row_id = offs_s[E + k - K] + t;

@@ -257,14 +257,14 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   p.tokens_per_cta = static_cast<int>((T + ctas - 1) / ctas);
   const int64_t tpc = std::max(p.tokens_per_cta, 1);
   ctas = static_cast<int>(std::max<int64_t>(1, (T + tpc - 1) / tpc));
-  p.tokens_per_warp = (p.tokens_per_cta + teams - 1) / teams;  // per team
-  if (p.tokens_per_cta > 65535)                                // per-CTA counts and per-warp ranks are uint16
+  p.tokens_per_team = (p.tokens_per_cta + teams - 1) / teams;
+  if (p.tokens_per_cta > 65535)  // per-CTA counts and per-warp ranks are uint16
     throw NotSupported("route", "tokens (" + std::to_string(T) +
                                     ") must be <= " + std::to_string(65535LL * limits.ctas) + " on this GPU");
   p.tiny = ctas == 1 && T * p.slots <= 32;
   p.slot_magic = routing_math::division_magic(static_cast<uint32_t>(p.slots));
   p.block_magic = routing_math::division_magic(static_cast<uint32_t>(p.block));
-  p.warp_tokens_magic = routing_math::division_magic(static_cast<uint32_t>(std::max(p.tokens_per_warp, 1)));
+  p.team_tokens_magic = routing_math::division_magic(static_cast<uint32_t>(std::max(p.tokens_per_team, 1)));
   p.small_plan = capacity + p.block < (int64_t{1} << 16);
   const int64_t plan_blocks = capacity / p.block;  // the capacity is a multiple of B
   p.plan_blocks = static_cast<int>(plan_blocks);

@@ -52,11 +52,11 @@ struct RouteParams {
   int group_lanes = 0;       // > 0: a group is this many whole lanes (a power of two) and n_group <= 32
   int vector_ok = 0;         // rows 16-byte aligned and E a multiple of the vector width
   int plan_blocks = 0;       // capacity / B: the plan's blocks for this T (x B: its sorted_slots rows)
-  int tokens_per_cta = 0, tokens_per_warp = 0;
+  int tokens_per_cta = 0, tokens_per_team = 0;
   int info_words = 0;  // > 0: (expert << 16 | rank) of routed slots kept in shared memory [tokens_per_cta, K]
-  int tiny = 0;        // one CTA, one token per warp and T * Kt <= 32: the plan is built by tiny_plan()
+  int tiny = 0;        // one CTA, one token per team and T * Kt <= 32: the plan is built by tiny_plan()
   uint32_t slot_magic = 0, block_magic = 0;  // rm::division_magic(Kt), rm::division_magic(B)
-  uint32_t warp_tokens_magic = 0;            // rm::division_magic(tokens_per_warp)
+  uint32_t team_tokens_magic = 0;            // rm::division_magic(tokens_per_team)
   uint32_t octet_magic = 0;                  // rm::division_magic(pad8(E) / 8)
   int small_plan = 0;                        // capacity + B < 2^16: plan indices divide by the magics
   int prefill_blocks = 0;                    // plan blocks (and their rows) each CTA pre-fills: ceil(blocks / grid)
