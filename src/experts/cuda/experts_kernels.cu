@@ -11,7 +11,10 @@ namespace moekit::detail {
 namespace {
 
 // Gather and activation: one warp per slice of a token's row (gather) or of a plan row (activation), kWarpsPerCta
-// of them per CTA, each lane walking 16-byte chunks two at a time (both chunks' loads go out before either is used).
+// of them per CTA, each lane walking 16-byte chunks four at a time in the gather (two passes) and two at a time in
+// the activation (a step's loads go out before any is used). Four in the gather took 0.98-0.99x of its time at
+// T = 1024-16384; four in the activation, or two rows per warp (78 registers), took 1.05-1.25x (H200,
+// docs/benchmarks.md, "Twenty-third session").
 // A warp's lookups are broadcast loads; a CTA per row spent most of its life in that lookup chain. Rows are split
 // over gridDim.y warps only when there are few of them: a whole row per warp left wide rows (H = 7168, I = 14336)
 // to a few warps at small T, and slices of many rows repeat the lookups (the activation always split: 10-17% slower
@@ -41,14 +44,15 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gather_tokens_kernel(Gather
   const int begin = slice.begin / 8, end = slice.end / 8;  // in 16-byte vectors (H is a multiple of 8)
   const uint4* src = static_cast<const uint4*>(p.hidden) + t * vecs;
   uint4* a1 = static_cast<uint4*>(p.a1);
-  for (int base = begin; base < end; base += kPassVecs) {  // warp-uniform trip count: every lane shuffles
-    const int v0 = base + lane, v1 = v0 + 32;
-    const uint4 x0 = v0 < end ? src[v0] : uint4{};
-    const uint4 x1 = v1 < end ? src[v1] : uint4{};
+  for (int base = begin; base < end; base += 2 * kPassVecs) {  // warp-uniform trip count: every lane shuffles
+    uint4 x[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) x[j] = base + lane + 32 * j < end ? src[base + lane + 32 * j] : uint4{};
     for (uint32_t m = local; m != 0; m &= m - 1) {
       const int64_t r = __shfl_sync(0xffffffffu, row, __ffs(m) - 1);
-      if (v0 < end) a1[r * vecs + v0] = x0;
-      if (v1 < end) a1[r * vecs + v1] = x1;
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (base + lane + 32 * j < end) a1[r * vecs + base + lane + 32 * j] = x[j];
     }
   }
 }
