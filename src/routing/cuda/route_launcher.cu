@@ -40,7 +40,10 @@ template <class In, int NC, bool kSigmoid>
 constexpr KernelEntry entry(DType dtype) {
   using router::HandOff;
   // Two tokens per warp where a lane then holds at most 16 values: the chunks double, so the registers of the
-  // instances with 16 values per lane (seed6's E = 512) suffice.
+  // instances with 16 values per lane (seed6's E = 512) suffice. With 32 values per lane (E = 512 with 16-lane teams)
+  // the instances compile without spills (96-121 registers), but they select by K rounds of argmax (the threshold
+  // selection exists for at most 16 values per lane): 1.54-1.96x slower at T = 2048-16384 (H200, docs/benchmarks.md,
+  // "Twenty-third session").
   KernelFn pairs = nullptr;
   if constexpr (router::kValuesPerLane<In, NC> <= 8)
     pairs = router::route_fused_kernel<In, 2 * NC, kSigmoid, HandOff::none, kPairLanes>;
