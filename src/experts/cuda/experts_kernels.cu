@@ -12,9 +12,9 @@ namespace {
 
 // Gather and activation: one warp per slice of a token's row (gather) or of a plan row (activation), kWarpsPerCta
 // of them per CTA, each lane walking 16-byte chunks four at a time in the gather (two passes) and two at a time in
-// the activation (a step's loads go out before any is used). Four in the gather took 0.98-0.99x of its time at
-// T = 1024-16384; four in the activation, or two rows per warp (78 registers), took 1.05-1.25x (H200,
-// docs/benchmarks.md, "Twenty-third session").
+// the activation (a step's loads go out before any is used). Four in the gather took 0.94-1.00x of its time at
+// T = 1024-16384 (most cells 0.98-0.99x); four in the activation 1.07-1.25x, two rows per warp (78 registers)
+// 0.99-1.24x (H200, docs/benchmarks.md, "Twenty-third session").
 // A warp's lookups are broadcast loads; a CTA per row spent most of its life in that lookup chain. Rows are split
 // over gridDim.y warps only when there are few of them: a whole row per warp left wide rows (H = 7168, I = 14336)
 // to a few warps at small T, and slices of many rows repeat the lookups (the activation always split: 10-17% slower
