@@ -44,15 +44,21 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gather_tokens_kernel(Gather
   const int begin = slice.begin / 8, end = slice.end / 8;  // in 16-byte vectors (H is a multiple of 8)
   const uint4* src = static_cast<const uint4*>(p.hidden) + t * vecs;
   uint4* a1 = static_cast<uint4*>(p.a1);
-  for (int base = begin; base < end; base += 2 * kPassVecs) {  // warp-uniform trip count: every lane shuffles
-    uint4 x[4];
+  constexpr int kChunks = 2 * kPassVecs / 32;                 // per lane: two passes' 16-byte chunks
+  for (int base = begin; base < end; base += 32 * kChunks) {  // warp-uniform trip count: every lane shuffles
+    uint4 x[kChunks];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) x[j] = base + lane + 32 * j < end ? src[base + lane + 32 * j] : uint4{};
+    for (int j = 0; j < kChunks; ++j) {
+      const int v = base + lane + 32 * j;
+      x[j] = v < end ? src[v] : uint4{};
+    }
     for (uint32_t m = local; m != 0; m &= m - 1) {
       const int64_t r = __shfl_sync(0xffffffffu, row, __ffs(m) - 1);
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        if (base + lane + 32 * j < end) a1[r * vecs + base + lane + 32 * j] = x[j];
+      for (int j = 0; j < kChunks; ++j) {
+        const int v = base + lane + 32 * j;
+        if (v < end) a1[r * vecs + v] = x[j];
+      }
     }
   }
 }

@@ -102,16 +102,18 @@ GridLimits grid_limits(const KernelEntry& k, KernelFn fn, int smem_bytes, int de
   if (auto it = cache.find(key); it != cache.end()) return it->second;
   const auto attr_key = std::make_tuple(k.fn, device, -1);
   if (cache.find(attr_key) == cache.end()) {
-    const int largest = SmemLayout::make(kMaxExperts, kMaxExperts + kMaxSlots, true, router::kInfoCap).total;
-    for (KernelFn f : {k.fn, k.decode_plan, k.decode_counts})
-      check(cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, largest),
-            "cudaFuncSetAttribute(route_fused_kernel)");
-    if (k.pairs != nullptr)
-      check(cudaFuncSetAttribute(k.pairs, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 SmemLayout::make(kMaxExperts, kMaxExperts + kMaxSlots, true, router::kInfoCap,
-                                                  router::kThreads / kPairLanes)
-                                     .total),
-            "cudaFuncSetAttribute(route_fused_kernel)");
+    // Every instance of the entry (teams per CTA: a warp each, or two per warp for the pair instance) may take the
+    // largest layout of its teams.
+    const std::pair<KernelFn, int> instances[] = {{k.fn, router::kWarps},
+                                                  {k.decode_plan, router::kWarps},
+                                                  {k.decode_counts, router::kWarps},
+                                                  {k.pairs, router::kThreads / kPairLanes}};
+    for (const auto& [f, teams] : instances)
+      if (f != nullptr)
+        check(cudaFuncSetAttribute(
+                  f, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                  SmemLayout::make(kMaxExperts, kMaxExperts + kMaxSlots, true, router::kInfoCap, teams).total),
+              "cudaFuncSetAttribute(route_fused_kernel)");
     cache.emplace(attr_key, GridLimits{});
   }
   int per_sm = 0, sms = 0;
