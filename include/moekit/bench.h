@@ -114,13 +114,14 @@ class Harness {
 
 // ---- The router benchmark -------------------------------------------------------------------------------------
 
+/// One router benchmark case.
 struct RouteCase {
   std::string fixture;  // "seed6", "dsv3" or "custom"
   RoutingConfig cfg;
   int64_t tokens = 1;
-  int block = 16;
-  DType dtype = DType::f32;
-  bool bias = false;
+  int block = 16;            // the plan's block size B
+  DType dtype = DType::f32;  // the logits' dtype
+  bool bias = false;         // whether a selection bias [E] is passed
 };
 
 /// The router fixtures of DESIGN §11: "seed6" (E=512 softmax_topk) or "dsv3" (DeepSeek-V3 sigmoid_grouped).

@@ -70,9 +70,9 @@ struct CudaExpertsArgs {
 /// The bf16 expert layer on one sm90 GPU. Construction validates and allocates; run() only launches kernels.
 class CudaExperts {
  public:
-  /// Validates config and weights (validate_expert_weights, op "experts"), the 16-byte alignment of every weight
-  /// pointer (TMA and vector loads need it), max_tokens >= 1 and the block (1..256); then allocates all workspace
-  /// for max_tokens with cudaMalloc and initializes the grouped-GEMM state.
+  /// Validates config and weights (validate_expert_weights, op "experts"), the 16-byte alignment of w13 and w2 (TMA
+  /// and vector loads need it) and the 4-byte alignment of b13 and b2, max_tokens >= 1 and the block (1..256); then
+  /// allocates all workspace for max_tokens with cudaMalloc and initializes the grouped-GEMM state.
   /// Throws InvalidArgument, NotSupported (no CUDA build, no sm90 device at args.device), CudaError.
   explicit CudaExperts(const CudaExpertsArgs& args);
   ~CudaExperts();
@@ -82,7 +82,8 @@ class CudaExperts {
   CudaExperts& operator=(const CudaExperts&) = delete;
 
   /// out [T, H] bf16 = experts(hidden [T, H] bf16) for the plan's T = plan.view().tokens tokens.
-  /// Preconditions (checked, InvalidArgument): plan on this device with E, K, S and B of the config; T <= max_tokens;
+  /// Preconditions (checked, InvalidArgument): plan on this device with E, K and S of the config and B of
+  /// CudaExpertsArgs::block; T <= max_tokens;
   /// hidden and out contiguous bf16 on this device, 16-byte aligned, with T rows of H. Tactic indices must exist
   /// (NotSupported lists those that do). Enqueues kernels on `stream` (a cudaStream_t); no allocation, no host
   /// synchronization, capturable in a CUDA graph; the plan is read on the device when the kernels run, so a
@@ -145,7 +146,7 @@ struct MoeBenchRow {
 };
 
 struct MoeBenchReport {
-  std::string preset, device, timing_source;
+  std::string preset, device, timing_source;  // timing_source: "cupti", or "events (...)" with the reason
   std::optional<float> bias_scale;  // MoeBenchOptions::bias_scale for presets with a selection bias, else none
   GateUpLayout gate_up = GateUpLayout::gate_first;  // the arrangement timed (the preset's or the override)
   MoeBenchCeilings ceilings;

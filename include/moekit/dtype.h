@@ -9,6 +9,7 @@
 
 namespace moekit {
 
+/// Element type of a tensor view: fp32, bf16, fp16, fp8 e4m3, int32, int16, int8, uint8.
 enum class DType : uint8_t { f32, bf16, f16, f8e4m3, i32, i16, i8, u8 };
 
 /// Bytes per element.

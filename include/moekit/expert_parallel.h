@@ -55,6 +55,7 @@ ExpertConfig rank_expert_config(const ExpertConfig& global, int world_size, int 
 
 // ---- configuration --------------------------------------------------------------------------------------------
 
+/// How tokens move between ranks (the two modes of the file header).
 enum class EpMode : uint8_t { all_gather, all_to_all };
 
 std::string_view ep_mode_name(EpMode m);      // "all_gather", "all_to_all"
@@ -75,6 +76,7 @@ struct CommUniqueId {
 /// multicast stays off on the machines moekit targets). Without CUDA every factory throws NotSupported.
 class Communicator {
  public:
+  /// An empty communicator (valid() is false); the factories below create usable ones.
   Communicator();
   ~Communicator();
   Communicator(Communicator&&) noexcept;
@@ -98,8 +100,9 @@ class Communicator {
   /// is rank r. Throws InvalidArgument when fewer devices are visible, CudaError when NCCL fails.
   static std::vector<Communicator> init_all(int world_size);
 
-  /// Aborts the communicator (ncclCommAbort): pending operations on every rank using it fail instead of hanging.
-  /// Safe to call from another thread; the handle is not destroyed again afterwards.
+  /// Aborts a communicator this object created (init_rank / init_all) with ncclCommAbort: pending operations on
+  /// every rank using it fail instead of hanging. Safe to call from another thread; the handle is not destroyed
+  /// again afterwards. A borrowed communicator (borrow()) is left alone: its owner aborts it.
   void abort();
 
   /// The underlying ncclComm_t (as an opaque handle) for callers that issue their own NCCL calls.
@@ -185,7 +188,7 @@ struct EpSimArgs {
   RoutingConfig routing;
   TensorView routing_bias;  // optional [E], host
   EpMode mode = EpMode::all_gather;
-  int block = 64;
+  int block = 64;   // route-plan block size B
   int threads = 1;  // for experts_reference
 };
 

@@ -16,6 +16,7 @@
 
 namespace moekit {
 
+/// The gated activation applied to GEMM1's gate / up outputs (formulas under ActivationParams).
 enum class Activation : uint8_t { silu_gated, swiglu_clamped, gelu_gated };
 /// Arrangement of gate and up rows inside w13 [E', 2I, H]: gate rows then up rows, up then gate, or interleaved
 /// row by row (gate, up, gate, up, ... as in GPT-OSS checkpoints).
@@ -48,6 +49,7 @@ struct ExpertConfig {
   GateUpLayout gate_up = GateUpLayout::gate_first;
   ActivationParams act{};
 
+  /// Routed experts held here: local_num_experts, or E when it is -1.
   int local_experts() const { return local_num_experts < 0 ? num_experts : local_num_experts; }
   /// E' = local routed experts + shared experts: the leading dimension of the weights.
   int weight_experts() const { return local_experts() + num_shared_experts; }

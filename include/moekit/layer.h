@@ -32,7 +32,7 @@ enum class WeightFormat : uint8_t {
   fp8_e4m3_block,    // fp8 with [block_n x block_k] fp32 scales (DeepSeek-V3)
   fp8_e4m3_tensor,   // fp8 with one scale per expert tensor (W8A8)
   fp8_e4m3_channel,  // fp8 with one scale per output row (W8A8)
-  int4_group,        // 4-bit integers with a scale per group of group_size along K (weight-only)
+  int4_group,        // 4-bit integers with a scale per group of QuantConfig::block_k along K (weight-only)
   mxfp4,             // OCP MXFP4, 32-element blocks with an e8m0 scale (weight-only)
 };
 /// How activations enter the GEMMs.
@@ -151,6 +151,7 @@ class Runner {
   virtual std::span<const Tactic> gemm1_tactics() const = 0;
   virtual std::span<const Tactic> gemm2_tactics() const = 0;
 
+  /// Whether the last check_support() succeeded, and whether build() has run since.
   bool supported() const { return supported_; }
   bool built() const { return built_; }
   /// The spec and device of the last successful check_support() (default values before).
@@ -189,6 +190,7 @@ class Runner {
 
 // ---- registry -----------------------------------------------------------------------------------------------------
 
+/// Makes a new, unchecked runner (what make_runner() calls for a registered name).
 using RunnerFactory = std::function<std::unique_ptr<Runner>()>;
 
 struct RunnerInfo {
@@ -210,9 +212,9 @@ std::vector<std::string> registered_runners();
 /// A new, unchecked instance of the named runner. Throws InvalidArgument listing the registered names.
 std::unique_ptr<Runner> make_runner(std::string_view name);
 
-/// Registers the CUDA runners ("cuda_bf16", preferred over "reference"). An explicit call, never a static
-/// initializer. In a build without CUDA, without a GPU, or before the CUDA experts are wired in, the registered
-/// runners answer check_support() with ok = false and the reason ("moekit was built without CUDA", ...).
+/// Registers the CUDA runner "cuda_bf16" (the fused GPU router and the sm90 bf16 experts), preferred over
+/// "reference". An explicit call, never a static initializer. In a build without CUDA or without an sm90 GPU it still
+/// registers, and answers check_support() with ok = false and the reason ("moekit was built without CUDA", ...).
 void register_cuda_runners();
 
 /// One backend's verdict during selection.
@@ -235,8 +237,9 @@ RunnerSelection select_runner(const LayerSpec& spec, Device device, std::span<co
 
 // ---- the layer ----------------------------------------------------------------------------------------------------
 
+/// How MoELayer picks and sizes its runner.
 struct LayerOptions {
-  std::vector<std::string> backends{"auto"};
+  std::vector<std::string> backends{"auto"};  // runner names tried in order, "auto" = every one (select_runner)
   int64_t max_tokens = 0;      // required, >= 1: the largest T forward() accepts (workspace is sized for it)
   Autotuner* tuner = nullptr;  // nullptr = Autotuner::global(); must outlive the layer
 };

@@ -76,6 +76,8 @@ class RoutePlan {
   const PlanShape& shape() const { return view_.shape; }
   Device device() const { return device_; }
   const RoutePlanView& view() const { return view_; }
+  /// The same arrays for writing: route() and copy_plan() fill them; a caller that writes them itself (e.g. a CPU
+  /// plan built with build_plan_reference) must leave a complete plan of DESIGN §4 for the experts to read.
   RoutePlanView& mutable_view() { return view_; }
 
  private:

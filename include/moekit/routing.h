@@ -31,6 +31,7 @@
 
 namespace moekit {
 
+/// The routing methods of the table above.
 enum class RoutingMethod : uint8_t { softmax_topk, topk_softmax, sigmoid_grouped, llama4, pre_scored };
 
 /// "softmax_topk", "topk_softmax", "sigmoid_grouped", "llama4", "pre_scored".

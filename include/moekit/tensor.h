@@ -15,8 +15,10 @@ namespace moekit {
 /// Opaque CUDA stream (a cudaStream_t); nullptr is the legacy default stream.
 using Stream = void*;
 
+/// Where a tensor lives.
 enum class DeviceType : uint8_t { cpu, cuda };
 
+/// The host (index unused) or CUDA device `index`.
 struct Device {
   DeviceType type = DeviceType::cpu;
   int index = 0;

@@ -68,7 +68,7 @@ struct CacheMetadata {
 
   /// This process's library version and this machine's first CUDA device (or the CPU when there is none).
   static CacheMetadata current();
-  /// "" when equal, else the first differing field, e.g. "device_name ('NVIDIA H100' != 'NVIDIA H200')".
+  /// "" when equal, else the first differing field, e.g. "device_name ('NVIDIA H100' vs 'NVIDIA H200')".
   std::string mismatch(const CacheMetadata& other) const;
 };
 
@@ -101,12 +101,14 @@ std::string tuning_key(const Runner& runner, const LayerSpec& spec, int64_t toke
 
 // ---- tuning -------------------------------------------------------------------------------------------------------
 
+/// What tune() does with keys that already have a cache entry.
 enum class TuneMode : uint8_t {
   skip_cached,       // keys with a valid entry are not timed again (the default)
   retime_shortlist,  // keys with a valid entry re-time only their stored shortlist pairs (at most 4 timings)
   full,              // every key gets the full staged search
 };
 
+/// How tune() reports progress on its stream.
 enum class ProgressStyle : uint8_t {
   none,    // silent
   detect,  // a bar when the stream is a terminal (isatty), plain lines otherwise
@@ -151,6 +153,7 @@ class Autotuner {
   /// The process-wide tuner MoELayer uses unless given another. Created on first use.
   static Autotuner& global();
 
+  /// The machine this tuner's entries are measured on (CacheMetadata::current() unless given).
   const CacheMetadata& metadata() const { return metadata_; }
 
   /// The pair to run for `tokens` on this layer: the cached winner of its bucket when the entry's tactic names all
