@@ -93,7 +93,8 @@ class Communicator {
 
   /// Creates rank `rank` of a world of `world_size` on CUDA device `device` (ncclCommInitRank). Collective: every
   /// rank must call it concurrently (one thread or process each) with the same id. Blocks until all have joined.
-  /// Throws InvalidArgument for a bad world size / rank, CudaError when NCCL fails.
+  /// Throws InvalidArgument for a bad world size / rank or a device index that is not visible, CudaError when NCCL
+  /// fails.
   static Communicator init_rank(const CommUniqueId& id, int world_size, int rank, int device);
 
   /// Creates the communicators of a single-process world on devices 0..world_size-1 (ncclCommInitAll); element r
@@ -234,7 +235,8 @@ struct EpBenchReport {
 /// Builds the preset's layer with hash-generated weights (the same global tensors on one GPU and split over W),
 /// verifies each mode against the single-GPU layer on device 0 (relative Frobenius error <= 1e-2, else Internal),
 /// then times eager forward calls (CUDA events, median) on W threads. Allocates freely. Throws InvalidArgument
-/// (unknown preset, bad tokens), NotSupported (no CUDA, fewer than `gpus` sm90 devices), CudaError, Internal.
+/// (unknown preset, bad tokens, iterations < 1, gpus outside 1..kMaxWorldSize), NotSupported (no CUDA, fewer than
+/// `gpus` sm90 devices), CudaError, Internal.
 EpBenchReport bench_ep(const EpBenchOptions& options);
 
 }  // namespace moekit

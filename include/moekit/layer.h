@@ -240,7 +240,8 @@ RunnerSelection select_runner(const LayerSpec& spec, Device device, std::span<co
 /// How MoELayer picks and sizes its runner.
 struct LayerOptions {
   std::vector<std::string> backends{"auto"};  // runner names tried in order, "auto" = every one (select_runner)
-  int64_t max_tokens = 0;      // required, >= 1: the largest T forward() accepts (workspace is sized for it)
+  // Required, 1..kMaxTunedTokens: the largest T forward() accepts (workspace is sized for it).
+  int64_t max_tokens = 0;
   Autotuner* tuner = nullptr;  // nullptr = Autotuner::global(); must outlive the layer
 };
 

@@ -26,8 +26,9 @@ namespace moekit {
 inline constexpr int kMaxBlock = 256;
 
 /// Rows needed by sorted_slots for T tokens: every slot once, plus at most B-1 padding rows for each expert that
-/// receives a slot (at most min(G, T*Kt) of them), rounded up to B. Throws InvalidArgument for B outside 1..256,
-/// negative sizes, or a result that does not fit int32.
+/// receives a slot (at most min(G, T*Kt) of them), rounded up to B. Throws InvalidArgument for E outside
+/// 1..kMaxExperts, K < 1, S < 0, K + S > kMaxSlots, B outside 1..256, negative tokens, or a result that does not
+/// fit int32.
 int64_t plan_capacity(int64_t tokens, int num_experts, int top_k, int num_shared_experts, int block);
 
 /// Sizes of one plan's buffers.
