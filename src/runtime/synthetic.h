@@ -1,5 +1,6 @@
 // Deterministic pseudo-random fills for synthetic weights and timing inputs (internal). A counter-based generator
-// (splitmix64 of seed + index) so that any buffer's contents depend only on the seed, not on fill order or threads.
+// (splitmix64 of seed * an odd constant + index, so that neighbouring seeds are not shifted copies of one stream):
+// any buffer's contents depend only on the seed, not on fill order or threads.
 #pragma once
 
 #include <algorithm>

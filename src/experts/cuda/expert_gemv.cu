@@ -6,11 +6,11 @@
 // its rows; blocks of padding and of other ranks exit. A CTA lives only a few DRAM latencies, so its prologue is on
 // the critical path: the first k-step's weights are requested as soon as the expert is known, before the rows are
 // looked up (GEMM2: before it waits for GEMM1); with one row per pass, the k-step's x vectors are requested right
-// after its weights. kRows is picked by gemv_rows_per_pass(): the kernels with one or two rows need no accumulators
-// for eight, fit five or six CTAs (20-24 warps) per SM and keep more weight loads in flight. CTAs are
-// small (4 warps) so that the kernels with more rows, whose registers allow 16-20 warps per SM, are not held to two
-// 8-warp CTAs, and the last wave is finer (H200, docs/benchmarks.md: 1.06-1.13x at T = 4; slower: 8 loads per row at
-// two CTAs per SM, and 32 warps per SM, which spill).
+// after its weights. kRows is picked by gemv_rows_per_pass(): the kernels with one row, and with two rows of one
+// column pair, need no accumulators for eight, fit five or six CTAs (20-24 warps) per SM and keep more weight loads
+// in flight (kCtasPerSm below). CTAs are small (4 warps) so that the kernels with more rows, whose registers allow
+// 16-20 warps per SM, are not held to two 8-warp CTAs, and the last wave is finer (H200, docs/benchmarks.md:
+// 1.06-1.13x at T = 4; slower: 8 loads per row at two CTAs per SM, and 32 warps per SM, which spill).
 #include <cuda_runtime.h>
 
 #include <array>

@@ -1,6 +1,6 @@
 // Device helpers shared by the expert kernels: the global-id -> weight-index map, 8 x bf16 (16-byte) vector
 // loads and stores, bias reads in either dtype, the gate/up column mapping of each w13 layout, and the gated
-// activations (the same definitions as moekit::apply_activation, with fast exp/tanh: error far under bf16).
+// activations (the same definitions as moekit::apply_activation, with a fast exp: error far under bf16).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -38,8 +38,10 @@ struct RouteCudaTuning {
   /// Null, or device memory for route_cuda_trace_words() uint64: thread 0 of every CTA stores (%globaltimer ns,
   /// clock64) at kRouteTracePoints phase boundaries: entry, setup done, tokens routed, counts published, totals
   /// and earlier-CTA bases known (after the grid barrier when there is one), offsets scanned, slots scattered,
-  /// padding written. Layout [cta][point][2]. Calls with at most 32 slots (T * Kt <= 32) build their plan in one
-  /// step instead: points 3-5 coincide (slots ranked and scattered), 6 follows counts and offsets, 7 the padding.
+  /// the groups' blocks written (padding rows and blocks past the extent are written earlier, by the prefill during
+  /// setup or routing). Layout [cta][point][2]. Calls with at most 32 slots (T * Kt <= 32) build their plan in one
+  /// step instead: points 3-5 coincide (slots ranked and scattered), 6 follows counts and offsets, 7 the segments'
+  /// blocks.
   /// In the decode instances (T <= 8, one CTA), the crew's first thread stamps 2: when the routing warps'
   /// selections reach the warps without tokens (whose counts then precede point 3). With T * Kt <= 32 it stamps 3-7
   /// too, the plan's steps as above (with one token, 3-5 coincide, 6 follows counts and offsets, 7 the slots' rows
