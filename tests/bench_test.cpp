@@ -98,6 +98,37 @@ TEST(BenchKernels, BreakdownPerPositionFromSamplesWithTheMostKernels) {
   EXPECT_TRUE(kernel_breakdown({}).empty());
 }
 
+// Samples open with the harness's marker memset (its size, value = sample index & 0xff); a call's own memset (a
+// library zeroing its workspace, of any size and value) and one of the marker's size but the wrong value stay in
+// the call; records before the first marker are left out.
+TEST(BenchKernels, SplitSamplesAtTheMarkersOnly) {
+  const uint64_t marker = 1 << 20;
+  auto memset = [](uint64_t start, uint64_t bytes, uint32_t value) {
+    return ActivityRecord{start, start + 100, false, {}, bytes, value};
+  };
+  auto kernel = [](uint64_t start, uint64_t end, const char* name) {
+    return ActivityRecord{start, end, true, name, 0, 0};
+  };
+  const std::vector<ActivityRecord> records = {
+      kernel(0, 50, "before"),    memset(100, marker, 0),  kernel(300, 1300, "gemm"), memset(1400, 256, 0),
+      kernel(1600, 2600, "gemm"), memset(3000, marker, 1), memset(3200, marker, 7),   kernel(3400, 3900, "gemm"),
+  };
+  const std::vector<std::vector<KernelSpan>> s = split_samples(records, marker);
+  ASSERT_EQ(s.size(), 2u);
+  ASSERT_EQ(s[0].size(), 3u);
+  EXPECT_EQ(s[0][0].name, "gemm");
+  EXPECT_EQ(s[0][1].name, "memset (256 bytes)");
+  EXPECT_EQ(s[0][2].start_ns, 1600u);
+  ASSERT_EQ(s[1].size(), 2u);
+  EXPECT_EQ(s[1][0].name, "memset (1048576 bytes)");  // the marker's size, but not sample 1's value
+  EXPECT_NEAR(busy_us(s[0]), 1.0 + 0.1 + 1.0, 1e-9);
+  EXPECT_NEAR(busy_us(s[1]), 0.1 + 0.5, 1e-9);
+  // Overlapping spans count once.
+  EXPECT_NEAR(busy_us({{"a", 0, 2000}, {"b", 1500, 2500}, {"c", 2600, 2700}}), 2.6, 1e-9);
+  EXPECT_EQ(busy_us({}), 0.0);
+  EXPECT_TRUE(split_samples({kernel(0, 10, "x")}, marker).empty());
+}
+
 TEST(BenchRoute, FixturesAndUnknownName) {
   const std::vector<RouteCase> seed6 = route_fixtures("seed6");
   ASSERT_EQ(seed6.size(), 6u);

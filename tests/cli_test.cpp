@@ -108,6 +108,17 @@ TEST(Cli, BenchMoeTakesKernels) {
   EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
 }
 
+// --cublas is accepted for the plain benchmark only; with a GPU the reference table is printed.
+TEST(Cli, BenchMoeTakesCublas) {
+  expect_accepted("bench moe --preset qwen3-30b-a3b --tokens 1 --samples 1 --verify-tokens 1 --cublas",
+                  "cuBLAS strided-batched GEMM1 + GEMM2");
+  CliRun both = run_cli("bench moe --preset qwen3-30b-a3b --tuned --cublas");
+  EXPECT_NE(both.status, 0);
+  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
+  CliRun help = run_cli("bench moe --help");
+  EXPECT_NE(help.output.find("--cublas"), std::string::npos) << help.output;
+}
+
 // --bias-scale: a non-negative number, for the plain benchmark only (not --tuned); without a GPU an accepted value
 // gets as far as asking for one.
 TEST(Cli, BenchMoeBiasScale) {

@@ -52,6 +52,25 @@ struct KernelStat {
   double start_gap_us = 0;  // median
 };
 
+/// One GPU activity record of a timed run (CUPTI): a kernel, or a memset with its size and byte value.
+struct ActivityRecord {
+  uint64_t start_ns = 0, end_ns = 0;
+  bool kernel = false;
+  std::string name;    // kernels: as the profiler reports it
+  uint64_t bytes = 0;  // memsets
+  uint32_t value = 0;
+};
+
+/// Splits `records` (sorted by start) into the samples of Harness::kernel_time: sample i opens with a memset of
+/// `marker_bytes` bytes to the value i & 0xff (the L2 flush or the marker), and everything after it up to the next
+/// such memset is the call's, kernels by name and the call's own memsets as "memset (N bytes)". Records before the
+/// first marker are left out.
+std::vector<std::vector<KernelSpan>> split_samples(const std::vector<ActivityRecord>& records, uint64_t marker_bytes);
+
+/// Microseconds during which at least one of `spans` (sorted by start) runs: the sum of their lengths when they
+/// run one after another, without double counting where a programmatically dependent launch overlaps.
+double busy_us(const std::vector<KernelSpan>& spans);
+
 /// Per-position statistics of the kernels of `samples` (each a call's kernels, sorted by start). Only samples with
 /// the most kernels seen take part, so positions line up. Empty input gives an empty result.
 std::vector<KernelStat> kernel_breakdown(const std::vector<std::vector<KernelSpan>>& samples);

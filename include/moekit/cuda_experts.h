@@ -124,6 +124,11 @@ struct MoeBenchOptions {
   // w13's gate/up arrangement instead of the preset's (the weights are synthetic either way): what an engine gets
   // that rearranges a checkpoint's w13 at load time, e.g. interleaved rows for GEMM1's fused gated epilogue.
   std::optional<GateUpLayout> gate_up;
+  // Also time a reference in the same run: cuBLAS strided-batched GEMM1 and GEMM2 over as many experts' weights as
+  // the call has active experts, each with the call's routed rows split evenly (rounded up). It has none of the
+  // layer's work around the GEMMs (routing skew, gather, activation, combine), so it shows what the vendor's batched
+  // GEMM reaches on the same weights and row count (MoeBenchRow::cublas_*).
+  bool cublas_baseline = false;
 };
 
 /// Ceilings measured in the same run: device copy bandwidth (bytes read + written, from the harness), cuBLAS bf16
@@ -143,6 +148,11 @@ struct MoeBenchRow {
   double route_experts_cold_us = 0, route_experts_graph_us = 0;  // router + experts
   double verify_error = 0;                                       // relative Frobenius error against experts_reference
   std::vector<bench::KernelStat> experts_kernels;  // the experts-only call's kernels in launch order (cold L2)
+  // MoeBenchOptions::cublas_baseline (else 0 / empty): the rows per expert of the even split, the cold-L2 kernel
+  // time (median) of the two batched GEMMs and their kernels in launch order.
+  int64_t cublas_rows_per_expert = 0;
+  double cublas_cold_us = 0;
+  std::vector<bench::KernelStat> cublas_kernels;
 };
 
 struct MoeBenchReport {

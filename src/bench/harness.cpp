@@ -92,6 +92,30 @@ std::string short_kernel_name(const std::string& name) {
   return shortened.empty() ? name : shortened;
 }
 
+std::vector<std::vector<KernelSpan>> split_samples(const std::vector<ActivityRecord>& records,
+                                                   uint64_t marker_bytes) {
+  std::vector<std::vector<KernelSpan>> samples;
+  for (const ActivityRecord& r : records) {
+    if (!r.kernel && r.bytes == marker_bytes && r.value == (samples.size() & 0xff))
+      samples.emplace_back();
+    else if (!samples.empty())
+      samples.back().push_back(
+          {r.kernel ? r.name : "memset (" + std::to_string(r.bytes) + " bytes)", r.start_ns, r.end_ns});
+  }
+  return samples;
+}
+
+double busy_us(const std::vector<KernelSpan>& spans) {
+  double us = 0;
+  uint64_t covered_to = 0;
+  for (const KernelSpan& k : spans) {
+    const uint64_t from = std::max(k.start_ns, covered_to);
+    if (k.end_ns > from) us += static_cast<double>(k.end_ns - from) / 1000.0;
+    covered_to = std::max(covered_to, k.end_ns);
+  }
+  return us;
+}
+
 std::vector<KernelStat> kernel_breakdown(const std::vector<std::vector<KernelSpan>>& samples) {
   size_t most = 0;
   for (const auto& s : samples) most = std::max(most, s.size());
@@ -129,14 +153,9 @@ void check_cupti(CUptiResult r, const char* what) {
 }
 
 // CUPTI delivers records through C callbacks: collect kernel and memset intervals (GPU timestamps) here.
-struct Interval {
-  uint64_t start, end;
-  bool kernel;
-  std::string name;  // kernels only
-};
 struct Records {
   std::mutex mu;
-  std::vector<Interval> items;
+  std::vector<ActivityRecord> items;
 };
 Records& records() {
   static Records r;
@@ -158,10 +177,10 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
   while (cuptiActivityGetNextRecord(buffer, valid, &rec) == CUPTI_SUCCESS) {
     if (rec->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || rec->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(rec);
-      r.items.push_back({k->start, k->end, true, k->name != nullptr ? k->name : "?"});
+      r.items.push_back({k->start, k->end, true, k->name != nullptr ? k->name : "?", 0, 0});
     } else if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(rec);
-      r.items.push_back({m->start, m->end, false, {}});
+      r.items.push_back({m->start, m->end, false, {}, m->bytes, m->value});
     }
   }
   free(buffer);
@@ -229,9 +248,10 @@ std::string Harness::kernel_time_source() const {
   return impl_->source;
 }
 
-// Samples are told apart by the memset that opens each one (the L2 flush, or a 256-byte marker): on one stream
-// the GPU runs everything in order, so the kernels between two memsets belong to one call. Should CUPTI deliver no
-// kernel records, per-sample events are used instead and kernel_time_source() says "events".
+// Samples are told apart by the memset that opens each one (the L2 flush, or a 256-byte marker; sample i sets the
+// bytes to i & 0xff): on one stream the GPU runs everything in order, so the work between two such memsets belongs
+// to one call. A memset of the call itself (e.g. a library zeroing its workspace) counts as part of the call. Should
+// CUPTI deliver no kernel records, per-sample events are used instead and kernel_time_source() says "events".
 Stats Harness::kernel_time(const LaunchFn& fn, int variants, const TimingOptions& opt) {
   cudaStream_t s = impl_->stream;
   variants = std::max(variants, 1);
@@ -256,29 +276,17 @@ Stats Harness::kernel_time(const LaunchFn& fn, int variants, const TimingOptions
   check(cudaStreamSynchronize(s), "timed samples");
   if (impl_->cupti) check_cupti(cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED), "cuptiActivityFlushAll");
 
-  std::vector<Interval> items;
+  std::vector<ActivityRecord> items;
   {
     std::lock_guard<std::mutex> lock(records().mu);
     items.swap(records().items);
   }
-  std::sort(items.begin(), items.end(), [](const Interval& a, const Interval& b) { return a.start < b.start; });
-  // A sample's kernel time is the length of the union of its kernels' intervals: the sum when they run one after
-  // another, and no double counting when a programmatically dependent launch overlaps its predecessor.
+  std::sort(items.begin(), items.end(),
+            [](const ActivityRecord& a, const ActivityRecord& b) { return a.start_ns < b.start_ns; });
+  const std::vector<std::vector<KernelSpan>> spans =
+      split_samples(items, opt.flush_l2 ? impl_->flush_bytes : 256);  // per sample: its kernels
   std::vector<double> us;
-  std::vector<std::vector<KernelSpan>> spans;  // per sample: its kernels
-  uint64_t covered_to = 0;
-  for (const Interval& it : items) {
-    if (!it.kernel) {
-      us.push_back(0);
-      spans.emplace_back();
-      covered_to = 0;
-    } else if (!us.empty()) {
-      spans.back().push_back({it.name, it.start, it.end});
-      const uint64_t from = std::max(it.start, covered_to);
-      if (it.end > from) us.back() += static_cast<double>(it.end - from) / 1000.0;
-      covered_to = std::max(covered_to, it.end);
-    }
-  }
+  for (const auto& call : spans) us.push_back(busy_us(call));
   const int with_kernels =
       static_cast<int>(std::count_if(spans.begin(), spans.end(), [](const auto& k) { return !k.empty(); }));
   impl_->breakdown = bench::kernel_breakdown(spans);

@@ -3,7 +3,9 @@
 // that will be timed is first verified against experts_reference at min(T, verify_tokens) tokens. Then, per T:
 // experts-only and route + experts, as cold-L2 kernel time (CUPTI, summed over the call's kernels) and as CUDA-graph
 // replay. Ceilings: the harness's copy bandwidth and graph launch, plus a cuBLAS bf16 GEMM rate measured here; the
-// floor is max(bytes / copy BW, flops / GEMM rate) with bytes = active experts' weights + hidden in + out.
+// floor is max(bytes / copy BW, flops / GEMM rate) with bytes = active experts' weights + hidden in + out. Optionally
+// a reference: cuBLAS batched GEMMs on the same weights with the rows split evenly
+// (MoeBenchOptions::cublas_baseline).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -42,28 +44,52 @@ double median(std::vector<float> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
+// A cuBLAS handle for the benchmark's reference GEMMs (the GEMM ceiling and the batched baseline).
+class Cublas {
+ public:
+  Cublas() {
+    if (cublasCreate(&h_) != CUBLAS_STATUS_SUCCESS) throw CudaError("bench", "cublasCreate failed");
+  }
+  ~Cublas() { cublasDestroy(h_); }
+  Cublas(const Cublas&) = delete;
+  Cublas& operator=(const Cublas&) = delete;
+
+  // For b < batch, row-major D_b [n, m] = X_b [n, k] * W_b^T with W_b [m, k] row-major: bf16, fp32 accumulation.
+  // ldx / ldd are the row strides of X and D; *_stride the element strides from one b to the next.
+  void gemm_rows(Stream st, int64_t batch, int64_t m, int64_t n, int64_t k, const void* w, int64_t w_stride,
+                 const void* x, int64_t ldx, int64_t x_stride, void* d, int64_t ldd, int64_t d_stride) {
+    const float alpha = 1.0f, beta = 0.0f;
+    cublasSetStream(h_, static_cast<cudaStream_t>(st));
+    // Column-major, D_b^T [m, n] = W_b [m, k] (W_b^T stored k-major: op T) * X_b^T [k, n].
+    if (batch == 1) {
+      if (cublasGemmEx(h_, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(n), int(k), &alpha, w, CUDA_R_16BF, int(k), x,
+                       CUDA_R_16BF, int(ldx), &beta, d, CUDA_R_16BF, int(ldd), CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+        throw CudaError("bench", "cublasGemmEx failed");
+      return;
+    }
+    if (cublasGemmStridedBatchedEx(h_, CUBLAS_OP_T, CUBLAS_OP_N, int(m), int(n), int(k), &alpha, w, CUDA_R_16BF,
+                                   int(k), w_stride, x, CUDA_R_16BF, int(ldx), x_stride, &beta, d, CUDA_R_16BF,
+                                   int(ldd), d_stride, int(batch), CUBLAS_COMPUTE_32F,
+                                   CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
+      throw CudaError("bench", "cublasGemmStridedBatchedEx failed");
+  }
+
+ private:
+  cublasHandle_t h_ = nullptr;
+};
+
 // cuBLAS bf16 GEMM 8192^3 on random data with fp32 accumulation, as CUDA-graph replays: TFLOP/s, the best of three
 // medians (a ceiling is the best rate the GPU reaches). The rate still moves from one process to the next with the
 // GPU's state (716-808 TFLOP/s seen on the H200, docs/benchmarks.md), and compute-bound floor fractions with it.
-double measure_gemm_rate(bench::Harness& harness) {
-  const int n = 8192;
+double measure_gemm_rate(bench::Harness& harness, Cublas& cublas) {
+  const int64_t n = 8192;
   cudaStream_t s = static_cast<cudaStream_t>(harness.stream());
-  DeviceBuffer a(int64_t{n} * n * 2), b(int64_t{n} * n * 2), d(int64_t{n} * n * 2);
-  bench_detail::fill_uniform(a.data(), int64_t{n} * n, true, 1.0f, 11, s);
-  bench_detail::fill_uniform(b.data(), int64_t{n} * n, true, 1.0f, 12, s);
-  cublasHandle_t h;
-  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw CudaError("bench", "cublasCreate failed");
-  struct HandleGuard {
-    cublasHandle_t h;
-    ~HandleGuard() { cublasDestroy(h); }
-  } guard{h};
-  const float alpha = 1.0f, beta = 0.0f;
+  DeviceBuffer a(n * n * 2), b(n * n * 2), d(n * n * 2);
+  bench_detail::fill_uniform(a.data(), n * n, true, 1.0f, 11, s);
+  bench_detail::fill_uniform(b.data(), n * n, true, 1.0f, 12, s);
   const bench::LaunchFn gemm = [&](int, Stream st) {
-    cublasSetStream(h, static_cast<cudaStream_t>(st));
-    if (cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &alpha, a.data(), CUDA_R_16BF, n, b.data(), CUDA_R_16BF, n,
-                     &beta, d.data(), CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
-                     CUBLAS_GEMM_DEFAULT) != CUBLAS_STATUS_SUCCESS)
-      throw CudaError("bench", "cublasGemmEx failed");
+    cublas.gemm_rows(st, 1, n, n, n, a.data(), 0, b.data(), n, 0, d.data(), n, 0);
   };
   gemm(0, s);  // lets cuBLAS choose and load its kernel before the capture
   ck(cudaStreamSynchronize(s), "cudaStreamSynchronize");
@@ -77,6 +103,39 @@ double measure_gemm_rate(bench::Harness& harness) {
   }
   return 2.0 * n * double(n) * n / (best_us * 1e-6) / 1e12;
 }
+
+// MoeBenchOptions::cublas_baseline: GEMM1 and GEMM2 of `batch` experts with `rows` rows each as two cuBLAS
+// strided-batched GEMMs on the layer's weights (experts 0 .. batch - 1), from random rows; GEMM2 reads the first
+// I columns of GEMM1's output in place of the activation. Buffers grow to the largest call.
+class BatchedBaseline {
+ public:
+  BatchedBaseline(Cublas& cublas, const DeviceBuffer& w13, const DeviceBuffer& w2, int64_t h, int64_t in)
+      : cublas_(cublas), w13_(w13), w2_(w2), h_(h), in_(in) {}
+
+  bench::LaunchFn prepare(int64_t batch, int64_t rows, cudaStream_t s) {
+    const int64_t n = batch * rows;
+    if (n > capacity_) {
+      x_ = DeviceBuffer(static_cast<size_t>(n * h_ * 2));
+      c1_ = DeviceBuffer(static_cast<size_t>(n * 2 * in_ * 2));
+      c2_ = DeviceBuffer(static_cast<size_t>(n * h_ * 2));
+      bench_detail::fill_uniform(x_.data(), n * h_, true, 1.0f, 99, s);
+      capacity_ = n;
+    }
+    return [this, batch, rows](int, Stream st) {
+      const int64_t i2 = 2 * in_;
+      cublas_.gemm_rows(st, batch, i2, rows, h_, w13_.data(), i2 * h_, x_.data(), h_, rows * h_, c1_.data(), i2,
+                        rows * i2);
+      cublas_.gemm_rows(st, batch, h_, rows, in_, w2_.data(), h_ * in_, c1_.data(), i2, rows * i2, c2_.data(), h_,
+                        rows * h_);
+    };
+  }
+
+ private:
+  Cublas& cublas_;
+  const DeviceBuffer &w13_, &w2_;
+  int64_t h_, in_, capacity_ = 0;
+  DeviceBuffer x_, c1_, c2_;
+};
 
 std::vector<uint16_t> to_host_bf16(const void* p, int64_t n) {
   std::vector<uint16_t> h(static_cast<size_t>(n));
@@ -136,7 +195,9 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
   report.device = hc.device;
   report.ceilings.copy_tb_per_s = hc.copy_bytes_per_s / 1e12;
   report.ceilings.graph_launch_us = hc.empty_graph_launch_us;
-  report.ceilings.gemm_tflop_per_s = measure_gemm_rate(harness);
+  Cublas cublas;
+  report.ceilings.gemm_tflop_per_s = measure_gemm_rate(harness, cublas);
+  BatchedBaseline baseline(cublas, w13, w2, h, in);
 
   // Verification: once per (tactic pair, token count) against the CPU reference on host copies of the weights.
   std::vector<uint16_t> hw13, hw2;
@@ -226,6 +287,15 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
     row.experts_graph_us = harness.graph_time(experts, 1, timing).median_us;
     row.route_experts_cold_us = harness.kernel_time(both, 1, timing).median_us;
     row.route_experts_graph_us = harness.graph_time(both, 1, timing).median_us;
+    if (o.cublas_baseline) {
+      const int64_t batch = row.active_experts;  // >= 1: every token has a routed row
+      row.cublas_rows_per_expert = (rows + batch - 1) / batch;
+      const bench::LaunchFn ref = baseline.prepare(batch, row.cublas_rows_per_expert, s);
+      ref(0, s);  // lets cuBLAS choose and load its kernels first
+      ck(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+      row.cublas_cold_us = harness.kernel_time(ref, 1, timing).median_us;
+      row.cublas_kernels = harness.kernel_breakdown();
+    }
     report.rows.push_back(row);
   }
   return report;

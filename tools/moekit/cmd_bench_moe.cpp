@@ -1,7 +1,8 @@
-// `moekit bench moe --preset NAME --tokens LIST [--samples N] [--gemm1 I --gemm2 J] [--kernels] [--json PATH]`:
-// verifies the bf16 GPU experts of a preset against the CPU reference, then times experts-only and route + experts
-// (cold-L2 kernel time and CUDA-graph replay, through the shared harness) with the ceilings measured in the same
-// run, and prints a markdown table with the fraction of the roofline floor (with --kernels, then each T's kernels).
+// `moekit bench moe --preset NAME --tokens LIST [--samples N] [--gemm1 I --gemm2 J] [--kernels] [--cublas]
+// [--json PATH]`: verifies the bf16 GPU experts of a preset against the CPU reference, then times experts-only and
+// route + experts (cold-L2 kernel time and CUDA-graph replay, through the shared harness) with the ceilings measured
+// in the same run, and prints a markdown table with the fraction of the roofline floor (with --cublas, then the
+// batched cuBLAS reference of each T; with --kernels, then each T's kernels).
 // `--tuned` instead compares, per T (default 1, 64, 4096), the autotuner's pair with the default heuristic's pair on
 // the "cuda_bf16" layer runner: staged tuning of T's bucket, verification of both pairs against the reference
 // runner, then route + experts of each pair as CUDA-graph replay medians in the same run.
@@ -41,8 +42,20 @@ struct BenchMoeCli {
   std::string gate_up;
   bool tuned = false;
   bool kernels = false;
+  bool cublas = false;
   bool tokens_given = false;
 };
+
+nlohmann::json kernels_json(const std::vector<bench::KernelStat>& kernels) {
+  nlohmann::json ks = nlohmann::json::array();
+  for (const bench::KernelStat& k : kernels)
+    ks.push_back({{"name", k.name},
+                  {"median_us", k.duration.median_us},
+                  {"p10_us", k.duration.p10_us},
+                  {"p90_us", k.duration.p90_us},
+                  {"start_gap_us", k.start_gap_us}});
+  return ks;
+}
 
 nlohmann::json to_json(const MoeBenchReport& r) {
   nlohmann::json j;
@@ -70,14 +83,12 @@ nlohmann::json to_json(const MoeBenchReport& r) {
                          {"floor_fraction_graph", x.floor_us / x.experts_graph_us},
                          {"floor_fraction_cold", x.floor_us / x.experts_cold_us},
                          {"verify_error", x.verify_error}});
-    nlohmann::json& ks = j["rows"].back()["experts_kernels"];
-    ks = nlohmann::json::array();
-    for (const bench::KernelStat& k : x.experts_kernels)
-      ks.push_back({{"name", k.name},
-                    {"median_us", k.duration.median_us},
-                    {"p10_us", k.duration.p10_us},
-                    {"p90_us", k.duration.p90_us},
-                    {"start_gap_us", k.start_gap_us}});
+    j["rows"].back()["experts_kernels"] = kernels_json(x.experts_kernels);
+    if (x.cublas_rows_per_expert > 0)
+      j["rows"].back()["cublas_baseline"] = {{"rows_per_expert", x.cublas_rows_per_expert},
+                                             {"cold_us", x.cublas_cold_us},
+                                             {"floor_fraction_cold", x.floor_us / x.cublas_cold_us},
+                                             {"kernels", kernels_json(x.cublas_kernels)}};
   }
   return j;
 }
@@ -108,19 +119,39 @@ void print_table(const MoeBenchReport& r) {
   }
 }
 
-// Per T, the experts-only call's kernels in launch order (cold L2, medians).
+// --cublas: the batched cuBLAS reference beside the experts call, both cold.
+void print_baseline(const MoeBenchReport& r) {
+  std::printf(
+      "\ncuBLAS strided-batched GEMM1 + GEMM2 on the same weights, the call's rows split evenly over its active "
+      "experts (no routing skew, gather, activation or combine); cold L2, median us\n| T | experts | rows per expert "
+      "| cuBLAS us | kernels | experts cold us | experts / cuBLAS | floor fraction of cuBLAS |\n"
+      "|---|---|---|---|---|---|---|---|\n");
+  for (const MoeBenchRow& x : r.rows)
+    std::printf("%s",
+                fmt::format("| {} | {} | {} | {:.1f} | {} | {:.1f} | {:.3f} | {:.2f} |\n", x.tokens, x.active_experts,
+                            x.cublas_rows_per_expert, x.cublas_cold_us, x.cublas_kernels.size(), x.experts_cold_us,
+                            x.experts_cold_us / x.cublas_cold_us, x.floor_us / x.cublas_cold_us)
+                    .c_str());
+}
+
+void print_kernel_table(std::string_view what, int64_t tokens, const std::vector<bench::KernelStat>& kernels) {
+  std::printf("%s", fmt::format("\nkernels of one {}, T = {} (cold L2, median us; gap: start after the previous "
+                                "kernel's end)\n| # | kernel | us | gap us |\n|---|---|---|---|\n",
+                                what, tokens)
+                        .c_str());
+  for (size_t i = 0; i < kernels.size(); ++i) {
+    const bench::KernelStat& k = kernels[i];
+    std::printf(
+        "%s",
+        fmt::format("| {} | {} | {:.1f} | {:.2f} |\n", i, k.name, k.duration.median_us, k.start_gap_us).c_str());
+  }
+}
+
+// Per T, the experts-only call's kernels in launch order (cold L2, medians), then the cuBLAS reference's (--cublas).
 void print_kernels(const MoeBenchReport& r) {
   for (const MoeBenchRow& x : r.rows) {
-    std::printf("%s", fmt::format("\nkernels of one experts call, T = {} (cold L2, median us; gap: start after the "
-                                  "previous kernel's end)\n| # | kernel | us | gap us |\n|---|---|---|---|\n",
-                                  x.tokens)
-                          .c_str());
-    for (size_t i = 0; i < x.experts_kernels.size(); ++i) {
-      const bench::KernelStat& k = x.experts_kernels[i];
-      std::printf(
-          "%s",
-          fmt::format("| {} | {} | {:.1f} | {:.2f} |\n", i, k.name, k.duration.median_us, k.start_gap_us).c_str());
-    }
+    print_kernel_table("experts call", x.tokens, x.experts_kernels);
+    if (!x.cublas_kernels.empty()) print_kernel_table("cuBLAS reference", x.tokens, x.cublas_kernels);
   }
 }
 
@@ -315,6 +346,11 @@ void add_bench_moe_command(CLI::App& bench) {
                   "Presets with a selection bias: bias uniform in [-S, S) against logits in [-2, 2); the default "
                   "0.01 sends rows to every expert, 0.5 concentrates them (deepseek-v3: 45-89 of 256 experts)")
       ->excludes(tuned);
+  cmd->add_flag("--cublas", opts->cublas,
+                "Also time cuBLAS strided-batched GEMM1 and GEMM2 on the same weights with the call's rows split "
+                "evenly over its active experts (a same-run reference without routing skew, gather, activation or "
+                "combine)")
+      ->excludes(tuned);
   CLI::Option* gate_up =
       cmd->add_option("--gate-up", opts->gate_up,
                       "w13's gate/up arrangement instead of the preset's: gate_first, up_first or interleaved (as an "
@@ -334,11 +370,13 @@ void add_bench_moe_command(CLI::App& bench) {
     o.seed = opts->seed;
     o.tactic = {opts->gemm1, opts->gemm2};
     o.bias_scale = opts->bias_scale;
+    o.cublas_baseline = opts->cublas;
     if (gate_up->count() > 0) o.gate_up = parse_gate_up_layout(opts->gate_up);
     check_moe_bench_options(o);  // bad arguments are reported before any device setup
     bench::Harness harness;
     const MoeBenchReport report = bench_moe(harness, o);
     print_table(report);
+    if (opts->cublas) print_baseline(report);
     if (opts->kernels) print_kernels(report);
     if (!opts->json.empty()) write_json_file("bench", opts->json, to_json(report).dump(2));
   });
