@@ -7,6 +7,7 @@
 #   PARTS="build tests" scripts/gpu-check.sh      a subset of: build tests sanitize bench layer ep
 #   BUILD_DIR=build-x PARTS=bench ...             reuse binaries built earlier
 #   MOE_TOKENS=1,16 PARTS=bench ...               a shorter token list for bench moe
+#   MOE_ARGS=--cublas PARTS=bench ...             more bench moe arguments (--cublas: the cuBLAS batched reference)
 #   DEADLINE_S=480 ...                            steps that would start later than 480 s in are skipped
 # Each step's result line is printed as it finishes and appended to $OUT_DIR/summary.md, so a run cut short still
 # tells which steps passed. NCCL's NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Exit status: 0 when every step
@@ -96,8 +97,9 @@ if want bench; then
   step bench_route_seed6 "$moekit" bench route --fixtures seed6 --phases --json "$out/bench_route_seed6.json"
   step bench_route_dsv3 "$moekit" bench route --fixtures dsv3 --phases --json "$out/bench_route_dsv3.json"
   for p in mixtral-8x7b qwen3-30b-a3b deepseek-v3 qwen3-next-80b gpt-oss-120b; do
+    read -ra moe_args <<<"${MOE_ARGS:-}"  # words, as on a command line
     step "bench_moe_$p" "$moekit" bench moe --preset "$p" --tokens "${MOE_TOKENS:-1,16,64,256,1024,4096,16384}" \
-      --kernels --json "$out/bench_moe_$p.json"
+      --kernels --json "$out/bench_moe_$p.json" "${moe_args[@]}"
   done
   jsons=()
   for p in mixtral-8x7b qwen3-30b-a3b deepseek-v3 qwen3-next-80b gpt-oss-120b; do
