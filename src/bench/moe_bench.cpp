@@ -287,8 +287,8 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
     row.experts_graph_us = harness.graph_time(experts, 1, timing).median_us;
     row.route_experts_cold_us = harness.kernel_time(both, 1, timing).median_us;
     row.route_experts_graph_us = harness.graph_time(both, 1, timing).median_us;
-    if (o.cublas_baseline) {
-      const int64_t batch = row.active_experts;  // >= 1: every token has a routed row
+    if (o.cublas_baseline && row.active_experts > 0) {  // a rank's experts may all be idle
+      const int64_t batch = row.active_experts;
       row.cublas_rows_per_expert = (rows + batch - 1) / batch;
       const bench::LaunchFn ref = baseline.prepare(batch, row.cublas_rows_per_expert, s);
       ref(0, s);  // lets cuBLAS choose and load its kernels first

@@ -126,12 +126,18 @@ void print_baseline(const MoeBenchReport& r) {
       "experts (no routing skew, gather, activation or combine); cold L2, median us\n| T | experts | rows per expert "
       "| cuBLAS us | kernels | experts cold us | experts / cuBLAS | floor fraction of cuBLAS |\n"
       "|---|---|---|---|---|---|---|---|\n");
-  for (const MoeBenchRow& x : r.rows)
+  for (const MoeBenchRow& x : r.rows) {
+    if (x.cublas_rows_per_expert == 0) {  // no active expert: nothing was timed
+      std::printf("%s",
+                  fmt::format("| {} | 0 | - | - | - | {:.1f} | - | - |\n", x.tokens, x.experts_cold_us).c_str());
+      continue;
+    }
     std::printf("%s",
                 fmt::format("| {} | {} | {} | {:.1f} | {} | {:.1f} | {:.3f} | {:.2f} |\n", x.tokens, x.active_experts,
                             x.cublas_rows_per_expert, x.cublas_cold_us, x.cublas_kernels.size(), x.experts_cold_us,
                             x.experts_cold_us / x.cublas_cold_us, x.floor_us / x.cublas_cold_us)
                     .c_str());
+  }
 }
 
 void print_kernel_table(std::string_view what, int64_t tokens, const std::vector<bench::KernelStat>& kernels) {
