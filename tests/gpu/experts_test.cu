@@ -521,7 +521,7 @@ TEST(CudaExperts, RejectsBadArguments) {
     EXPECT_EQ(std::string(e.what()),
               "moekit::experts: gemm1 tactic (9) must be one of: 0: gemv_8rows, 1: sm90_pingpong_64x128x64, "
               "2: sm90_cooperative_128x128x64, 3: sm90_cooperative_128x256x64, 4: sm90_pingpong_64x256x64, "
-              "5: sm90_swap_ab_cooperative_32x128x64");
+              "5: sm90_swap_ab_cooperative_32x128x64, 6: sm90_swap_ab_cooperative_96x256x64");
   }
   const TensorView wrong = TensorView::contiguous(dh.data(), DType::f16, {t, h}, dev);
   try {
@@ -576,6 +576,7 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
   const char* const swap = "sm90_swap_ab_cooperative_32x128x64";
   const char* const small = "sm90_pingpong_64x256x64";
   const char* const large = "sm90_cooperative_128x256x64";
+  const char* const swap96 = "sm90_swap_ab_cooperative_96x256x64";
   struct Pick {
     const char* preset;
     int64_t tokens;
@@ -630,7 +631,16 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"deepseek-v3", 16384, large},     // 512 rows
       {"qwen3-30b-a3b", 4096, small},    // 256 rows
       {"qwen3-30b-a3b", 16384, large},   // 1024 rows
-      {"qwen3-next-80b", 4096, small},   // 80 rows
+      {"qwen3-next-80b", 3532, small},   // 69 rows
+      // Experts below kLargeExpert at 70-90 routed rows: swapped 96x256 tiles, one row tile per expert.
+      {"qwen3-next-80b", 3533, swap96},  // 70 rows
+      {"qwen3-next-80b", 4096, swap96},  // 80 rows
+      {"qwen3-next-80b", 4608, swap96},  // 90 rows
+      {"qwen3-next-80b", 4609, small},   // 91 rows
+      {"qwen3-30b-a3b", 1280, swap96},   // 80 rows
+      {"gpt-oss-120b", 2560, swap96},    // 80 rows
+      {"deepseek-v3", 2560, small},      // 80 rows of large experts
+      {"mixtral-8x7b", 320, large},      // 80 rows of a few large experts
       {"qwen3-next-80b", 16384, large},  // 320 rows
       {"gpt-oss-120b", 4096, small},     // 128 rows
       {"gpt-oss-120b", 16384, large},    // 512 rows

@@ -22,13 +22,14 @@ namespace {
 
 using detail::GroupedGemmOps;
 
-constexpr std::array<GemmTacticInfo, 6> kTactics{{
+constexpr std::array<GemmTacticInfo, 7> kTactics{{
     {"gemv_8rows", GemmKernelKind::gemv, 8, 8, 0},
     {"sm90_pingpong_64x128x64", GemmKernelKind::grouped, 64, 128, 64},
     {"sm90_cooperative_128x128x64", GemmKernelKind::grouped, 128, 128, 64},
     {"sm90_cooperative_128x256x64", GemmKernelKind::grouped, 128, 256, 64},
     {"sm90_pingpong_64x256x64", GemmKernelKind::grouped, 64, 256, 64},
     {"sm90_swap_ab_cooperative_32x128x64", GemmKernelKind::grouped, 32, 128, 64, true},
+    {"sm90_swap_ab_cooperative_96x256x64", GemmKernelKind::grouped, 96, 256, 64, true},
 }};
 // The instantiation behind each grouped entry of kTactics (nullptr for the GEMV).
 constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGroupedOps{
@@ -37,7 +38,8 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGroupedOps{
     &detail::sm90_grouped_gemm_cooperative_128x128x64,
     &detail::sm90_grouped_gemm_cooperative_128x256x64,
     &detail::sm90_grouped_gemm_pingpong_64x256x64,
-    &detail::sm90_grouped_gemm_swap_ab_cooperative_128x32x64};
+    &detail::sm90_grouped_gemm_swap_ab_cooperative_128x32x64,
+    &detail::sm90_grouped_gemm_swap_ab_cooperative_256x96x64};
 // GEMM1 with the gated activation in its epilogue, where a tile exists in that form: used instead of the tactic's
 // GEMM1 + activation pass when w13 is interleaved (gate and up columns of an output side by side in one tile). Only
 // the pingpong schedule has one: there one consumer's epilogue overlaps the other's main loop, while the cooperative
@@ -45,7 +47,7 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGroupedOps{
 // Gate-first / up-first w13 keep GEMM1 + the pass: pairing their gate and up rows in GEMM1's tiles with a 3D TMA
 // view ran 1.1-2.2x slower (docs/benchmarks.md, "Twelfth session"); rearrange_gate_up() interleaves them instead.
 constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
-    nullptr, nullptr, nullptr, nullptr, &detail::sm90_grouped_gemm_gated_pingpong_64x256x64, nullptr};
+    nullptr, nullptr, nullptr, nullptr, &detail::sm90_grouped_gemm_gated_pingpong_64x256x64, nullptr, nullptr};
 
 // Default heuristic, first matching rule. Keys: the rows a routed expert is expected to get (the average over
 // active routed experts, ceil(T*K / min(E, T*K))), T, the size of one expert's GEMM1 weights (2I x H), the number
@@ -70,10 +72,15 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
 // deepseek-v3 T = 8 / 16 / 64 0.971 / 0.983 / 0.998 but T = 256 / 512 1.003 / 1.014; at 32 rows, gpt-oss T =
 // 1024, 1.13); 64x256 pingpong tiles below 256 rows (mixtral T = 16-64: 1.03-1.06x over 64x128; qwen3-next T =
 // 1024-4096: 1.04-1.10x, qwen3 and gpt-oss T = 4096: 1.02x, deepseek-v3 at 64-128 rows with every expert
-// routed: 1.03-1.04x over 128x256).
+// routed: 1.03-1.04x over 128x256), except from 70 to 90 rows on experts smaller than kLargeExpert, where swapped
+// 96x256 tiles hold an expert's rows in one row tile instead of two ("Twenty-seventh session", experts graph time
+// against 64x256, same call: qwen3-next T = 3584 / 4096 / 4608 (70 / 80 / 90 rows) 0.989 / 0.967 / 0.984, qwen3
+// T = 1280 (80) 0.965, gpt-oss T = 2560 (80) 0.943; outside the band qwen3-next 60 / 100 rows 1.028 / 1.075, qwen3
+// and gpt-oss 64 / 96 rows 0.993-1.011 / 1.036-1.067, and deepseek-v3's large experts 1.004-1.015 at 64-80 rows).
 constexpr int64_t kAny = INT64_MAX;
 struct HeuristicRule {
-  int64_t min_rows = 0, max_rows = kAny, max_tokens = kAny, min_weights = 0, max_experts = kAny;
+  int64_t min_rows = 0, max_rows = kAny, max_tokens = kAny, min_weights = 0, max_weights = kAny;
+  int64_t max_experts = kAny;
   int64_t max_load4 = kAny, max_shared = kAny;
   int gemm1, gemm2;
 };
@@ -87,7 +94,7 @@ constexpr HeuristicRule few_large(int64_t min_rows, int64_t max_rows, int gemm1,
           .gemm1 = gemm1,
           .gemm2 = gemm2};
 }
-constexpr std::array<HeuristicRule, 11> kHeuristic{{
+constexpr std::array<HeuristicRule, 12> kHeuristic{{
     {.max_load4 = 3, .max_shared = 0, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 1, .max_tokens = 4, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 16, .max_tokens = 64, .gemm1 = 5, .gemm2 = 5},
@@ -97,6 +104,7 @@ constexpr std::array<HeuristicRule, 11> kHeuristic{{
     few_large(224, 319, 3, 4),
     few_large(320, 3071, 4, 4),
     few_large(3072, kAny, 3, 3),
+    {.min_rows = 70, .max_rows = 90, .max_weights = kLargeExpert - 1, .gemm1 = 6, .gemm2 = 6},
     {.max_rows = 256, .gemm1 = 4, .gemm2 = 4},
     {.gemm1 = 3, .gemm2 = 3},
 }};
@@ -281,7 +289,8 @@ ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens) {
   auto load_at_most = [&](int64_t quarters) { return quarters == kAny || 4 * routed <= quarters * c.num_experts; };
   for (const HeuristicRule& r : kHeuristic)
     if (rows >= r.min_rows && rows <= r.max_rows && t <= r.max_tokens && weights >= r.min_weights &&
-        c.num_experts <= r.max_experts && load_at_most(r.max_load4) && c.num_shared_experts <= r.max_shared)
+        weights <= r.max_weights && c.num_experts <= r.max_experts && load_at_most(r.max_load4) &&
+        c.num_shared_experts <= r.max_shared)
       return {r.gemm1, r.gemm2};
   return {kHeuristic.back().gemm1, kHeuristic.back().gemm2};
 }

@@ -89,6 +89,7 @@ GroupedGemmOps sm90_grouped_gemm_gated_pingpong_64x256x64();
 // Swapped operands (A = weights [N, K], B = the plan's rows, D column-major): the fill kernel sets such a GEMM's
 // groups up with FillProblemsParams::swap1 / swap2.
 GroupedGemmOps sm90_grouped_gemm_swap_ab_cooperative_128x32x64();
+GroupedGemmOps sm90_grouped_gemm_swap_ab_cooperative_256x96x64();
 
 /// Fills both GEMMs' problem shapes, pointers and strides for every group from the plan's counts and offsets:
 /// GEMM1 group g: M = count (0 for another rank's expert), N = 2I, K = H, A = a1 + off*H, B = w13[local], D = c1 +
