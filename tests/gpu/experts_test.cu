@@ -424,7 +424,8 @@ TEST(CudaExperts, SkewedRoutingAndExpertParallelism) {
   MOEKIT_REQUIRE_SM90();
   uint32_t salt = 400;
   for (Routing r : {Routing::one_hot, Routing::half_empty}) {
-    for (ExpertTactic tactic : {ExpertTactic{0, 0}, ExpertTactic{1, 1}, ExpertTactic{3, 2}, ExpertTactic{5, 5}}) {
+    for (ExpertTactic tactic :
+         {ExpertTactic{0, 0}, ExpertTactic{1, 1}, ExpertTactic{3, 2}, ExpertTactic{5, 5}, ExpertTactic{6, 6}}) {
       Case c;
       c.cfg = reduced(find_preset("deepseek-v3").experts);  // 1 shared expert
       c.cfg.num_shared_experts = 2;
@@ -625,13 +626,13 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"mixtral-8x7b", 12284, small},        // 3071 rows
       {"mixtral-8x7b", 12285, large},        // 3072 rows
       // The others, deepseek-v3's 256 large experts too: 64x256 up to 256 routed rows per expert, 128x256 above.
-      {"deepseek-v3", 1024, small},      // 32 rows (the shared expert's 1024 do not count)
-      {"deepseek-v3", 4096, small},      // 128 rows
-      {"deepseek-v3", 8192, small},      // 256 rows
-      {"deepseek-v3", 16384, large},     // 512 rows
-      {"qwen3-30b-a3b", 4096, small},    // 256 rows
-      {"qwen3-30b-a3b", 16384, large},   // 1024 rows
-      {"qwen3-next-80b", 3532, small},   // 69 rows
+      {"deepseek-v3", 1024, small},     // 32 rows (the shared expert's 1024 do not count)
+      {"deepseek-v3", 4096, small},     // 128 rows
+      {"deepseek-v3", 8192, small},     // 256 rows
+      {"deepseek-v3", 16384, large},    // 512 rows
+      {"qwen3-30b-a3b", 4096, small},   // 256 rows
+      {"qwen3-30b-a3b", 16384, large},  // 1024 rows
+      {"qwen3-next-80b", 3532, small},  // 69 rows
       // Experts below kLargeExpert at 70-90 routed rows: swapped 96x256 tiles, one row tile per expert.
       {"qwen3-next-80b", 3533, swap96},  // 70 rows
       {"qwen3-next-80b", 4096, swap96},  // 80 rows
