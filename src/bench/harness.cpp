@@ -188,13 +188,16 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
 
 }  // namespace
 
+// Bytes of the memset that opens a sample when the L2 is not flushed.
+constexpr size_t kMarkerBytes = 256;
+
 struct Harness::Impl {
   cudaStream_t stream = nullptr;
   void* flush = nullptr;
   size_t flush_bytes = 0;
   int kernels_per_call = 0;
   std::vector<KernelStat> breakdown;  // of the last kernel_time()
-  void* marker = nullptr;             // 256 bytes: a memset marks each sample's start when the L2 is not flushed
+  void* marker = nullptr;             // kMarkerBytes: a memset marks each sample's start when the L2 is not flushed
   std::string source = "cupti";
   bool cupti = false;  // kernel tracing on; off when another CUPTI client (a profiler) holds the callbacks
 };
@@ -211,7 +214,7 @@ Harness::Harness() : impl_(std::make_unique<Impl>()) {
   check(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev), "cudaDeviceGetAttribute(L2)");
   impl_->flush_bytes = std::max<size_t>(2 * static_cast<size_t>(l2), 64 << 20);
   check(cudaMalloc(&impl_->flush, impl_->flush_bytes), "cudaMalloc(L2 flush buffer)");
-  check(cudaMalloc(&impl_->marker, 256), "cudaMalloc(sample marker)");
+  check(cudaMalloc(&impl_->marker, kMarkerBytes), "cudaMalloc(sample marker)");
   // Under a profiler (Nsight Compute or Systems) CUPTI has a subscriber already: time with events then.
   const CUptiResult reg = cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed);
   if (reg == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED) {
@@ -264,11 +267,11 @@ Stats Harness::kernel_time(const LaunchFn& fn, int variants, const TimingOptions
   }
   std::vector<cudaEvent_t> ev(2 * static_cast<size_t>(opt.samples));
   for (cudaEvent_t& e : ev) check(cudaEventCreate(&e), "cudaEventCreate");
+  // The memset that opens each sample: the L2 flush, or the marker. split_samples() finds the samples by its size.
+  void* const opener = opt.flush_l2 ? impl_->flush : impl_->marker;
+  const size_t opener_bytes = opt.flush_l2 ? impl_->flush_bytes : kMarkerBytes;
   for (int i = 0; i < opt.samples; ++i) {
-    if (opt.flush_l2)
-      check(cudaMemsetAsync(impl_->flush, i & 0xff, impl_->flush_bytes, s), "L2 flush");
-    else
-      check(cudaMemsetAsync(impl_->marker, i & 0xff, 256, s), "sample marker");
+    check(cudaMemsetAsync(opener, i & 0xff, opener_bytes, s), opt.flush_l2 ? "L2 flush" : "sample marker");
     check(cudaEventRecord(ev[2 * i], s), "cudaEventRecord");
     fn(i % variants, s);
     check(cudaEventRecord(ev[2 * i + 1], s), "cudaEventRecord");
@@ -283,8 +286,7 @@ Stats Harness::kernel_time(const LaunchFn& fn, int variants, const TimingOptions
   }
   std::sort(items.begin(), items.end(),
             [](const ActivityRecord& a, const ActivityRecord& b) { return a.start_ns < b.start_ns; });
-  const std::vector<std::vector<KernelSpan>> spans =
-      split_samples(items, opt.flush_l2 ? impl_->flush_bytes : 256);  // per sample: its kernels
+  const std::vector<std::vector<KernelSpan>> spans = split_samples(items, opener_bytes);  // per sample: its kernels
   std::vector<double> us;
   for (const auto& call : spans) us.push_back(busy_us(call));
   const int with_kernels =
