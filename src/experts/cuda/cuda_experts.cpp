@@ -57,26 +57,32 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
 // gpt-oss T = 16 / 24: 1.07 / 1.03 against 0.97 / 1.00; qwen3-next T = 32: 1.00 against 0.94; a tie at a load of
 // 3/4-1, 64x256 ahead from 1 on: "Fourteenth session"), and with shared experts (each of which holds T rows) for up
 // to 4 tokens at ~1 row per expert (deepseek-v3 T = 8 / 16: 64x256 1.02x / 1.10x faster than the GEMV); 128x256
-// cooperative tiles win from 64 rows per expert on a few large experts (mixtral T = 256: 1.07x over 64x256) up to 111
-// rows; beyond that, on such experts, the 128-row tiles' padding (half the experts one tile more when the rows sit
-// near a multiple of 128) and GEMM2's few waves (16 N tiles of 256 per row tile on mixtral) decide, by bands of rows
-// per expert ("Twenty-first session", experts graph time against 128x256 for both GEMMs, same call: mixtral T = 512 /
-// 768 0.875-0.886 / 0.949 with 64x256 for both, T = 1024 0.976-0.978 with 64x256 for GEMM2 only, T = 1536 / 2048 /
-// 4096 / 8192 0.949 / 0.982 / 0.978 / 0.985 with 64x256 for both, and T = 16384 1.019-1.043 with any 64x256; the
-// bands' edges lie between those token counts, and the bands held between them: T = 640 / 1152 / 1280 / 2560 / 6144
-// 0.879 / 0.988 / 0.989 / 0.987 / 0.993 against 128x256 for both), and
-// above 256 rows on the others (gpt-oss at 512 rows: 1.14x over 64x256; deepseek-v3 at 256 rows: within 0.4%);
-// swapped 32x128 tiles up to 16 routed rows per expert, with shared experts (T rows each, ceil(T / 32) tiles per
-// weight tile) up to T = 64 ("Seventeenth session", experts time against 64x256: mixtral T = 8 / 16 / 64 0.979 /
-// 0.980 / 0.982, qwen3 T = 32 0.963, gpt-oss T = 64 / 256 0.983 / 0.989, qwen3-next T = 64 / 256 0.990 / 0.993,
-// deepseek-v3 T = 8 / 16 / 64 0.971 / 0.983 / 0.998 but T = 256 / 512 1.003 / 1.014; at 32 rows, gpt-oss T =
-// 1024, 1.13); 64x256 pingpong tiles below 256 rows (mixtral T = 16-64: 1.03-1.06x over 64x128; qwen3-next T =
-// 1024-4096: 1.04-1.10x, qwen3 and gpt-oss T = 4096: 1.02x, deepseek-v3 at 64-128 rows with every expert
-// routed: 1.03-1.04x over 128x256), except from 70 to 90 rows on experts smaller than kLargeExpert, where swapped
-// 96x256 tiles hold an expert's rows in one row tile instead of two ("Twenty-seventh session", experts graph time
-// against 64x256, same call: qwen3-next T = 3584 / 4096 / 4608 (70 / 80 / 90 rows) 0.989 / 0.967 / 0.984, qwen3
-// T = 1280 (80) 0.965, gpt-oss T = 2560 (80) 0.943; outside the band qwen3-next 60 / 100 rows 1.028 / 1.075, qwen3
-// and gpt-oss 64 / 96 rows 0.993-1.011 / 1.036-1.067, and deepseek-v3's large experts 1.004-1.015 at 64-80 rows).
+// cooperative tiles win over 64x256 from 64 rows per expert on a few large experts (mixtral T = 256: 1.07x), and
+// take them from 73 rows (below, swapped 96x256 tiles: see the end of this comment) up to 111 rows; beyond that, on
+// such experts, the 128-row tiles' padding (half the experts one tile more when the rows sit near a multiple of 128)
+// and GEMM2's few waves (16 N tiles of 256 per row tile on mixtral) decide, by bands of rows per expert
+// ("Twenty-first session", experts graph time against 128x256 for both GEMMs, same call: mixtral T = 512 / 768
+// 0.875-0.886 / 0.949 with 64x256 for both, T = 1024 0.976-0.978 with 64x256 for GEMM2 only, T = 1536 / 2048 / 4096 /
+// 8192 0.949 / 0.982 / 0.978 / 0.985 with 64x256 for both, and T = 16384 1.019-1.043 with any 64x256; the bands'
+// edges lie between those token counts, and the bands held between them: T = 640 / 1152 / 1280 / 2560 / 6144 0.879 /
+// 0.988 / 0.989 / 0.987 / 0.993 against 128x256 for both), and above 256 rows on the others (gpt-oss at 512
+// rows: 1.14x over 64x256; deepseek-v3 at 256 rows: within 0.4%); swapped 32x128 tiles up to 16 routed rows per
+// expert, with shared experts (T rows each, ceil(T / 32) tiles per weight tile) up to T = 64 ("Seventeenth session",
+// experts time against 64x256: mixtral T = 8 / 16 / 64 0.979 / 0.980 / 0.982, qwen3 T = 32 0.963, gpt-oss T = 64 /
+// 256 0.983 / 0.989, qwen3-next T = 64 / 256 0.990 / 0.993, deepseek-v3 T = 8 / 16 / 64 0.971 / 0.983 / 0.998 but T =
+// 256 / 512 1.003 / 1.014; at 32 rows, gpt-oss T = 1024, 1.13); 64x256 pingpong tiles below 256 rows (mixtral T =
+// 16-64: 1.03-1.06x over 64x128; qwen3-next T = 1024-4096: 1.04-1.10x, qwen3 and gpt-oss T = 4096: 1.02x, deepseek-v3
+// at 64-128 rows with every expert routed: 1.03-1.04x over 128x256), except from 70 to 90 rows on experts smaller
+// than kLargeExpert, where swapped 96x256 tiles hold an expert's rows in one row tile instead of two ("Twenty-seventh
+// session", experts graph time against 64x256, same call: qwen3-next T = 3584 / 4096 / 4608 (70 / 80 / 90 rows) 0.989
+// / 0.967 / 0.984, qwen3 T = 1280 (80) 0.965, gpt-oss T = 2560 (80) 0.943; outside the band qwen3-next 60 / 100
+// rows 1.028 / 1.075, qwen3 and gpt-oss 64 / 96 rows 0.993-1.011 / 1.036-1.067, and deepseek-v3's large experts
+// 1.004-1.015 at 64-80 rows). On a few large experts swapped 96x256 tiles take 56-72 rows: there the hottest of
+// mixtral's 8 experts outgrows one 64-row tile (each extra row tile streams the expert's weights again), while one
+// 96-row tile holds it with room for skew ("Twenty-eighth session", same call, against the 64x256 / 128x256
+// defaults: mixtral T = 224 / 240 / 256 / 272 / 288 0.917 / 0.932 / 0.957-0.973 / 0.959 / 0.962; at 44-52 rows
+// 1.010-1.016; at 80 / 84 rows still 0.956-0.969 / 0.945, but 1.105-1.124 at 88-92 rows, where the hottest expert
+// needs a second 96-row tile: the band stops at 72 rows and leaves the rest of the margin to skewed routing).
 constexpr int64_t kAny = INT64_MAX;
 struct HeuristicRule {
   int64_t min_rows = 0, max_rows = kAny, max_tokens = kAny, min_weights = 0, max_weights = kAny;
@@ -94,12 +100,13 @@ constexpr HeuristicRule few_large(int64_t min_rows, int64_t max_rows, int gemm1,
           .gemm1 = gemm1,
           .gemm2 = gemm2};
 }
-constexpr std::array<HeuristicRule, 12> kHeuristic{{
+constexpr std::array<HeuristicRule, 13> kHeuristic{{
     {.max_load4 = 3, .max_shared = 0, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 1, .max_tokens = 4, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 16, .max_tokens = 64, .gemm1 = 5, .gemm2 = 5},
     {.max_rows = 16, .max_shared = 0, .gemm1 = 5, .gemm2 = 5},
-    few_large(64, 111, 3, 3),
+    few_large(56, 72, 6, 6),
+    few_large(73, 111, 3, 3),
     few_large(112, 223, 4, 4),
     few_large(224, 319, 3, 4),
     few_large(320, 3071, 4, 4),
