@@ -612,14 +612,13 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"gpt-oss-120b", 512, swap},     // 16 rows
       {"qwen3-next-80b", 819, swap},   // 16 rows
       {"qwen3-next-80b", 820, small},  // 17 rows
-      // A few large experts (mixtral): 64x256 below 56 routed rows per expert, swapped 96x256 from 56 to 72; above,
+      // A few large experts (mixtral): 64x256 below 56 routed rows per expert, swapped 96x256 from 56 to 64; above,
       // by bands of rows per expert where the 128-row tiles' padding and GEMM2's waves decide.
       {"mixtral-8x7b", 128, small},          // 32 rows
       {"mixtral-8x7b", 220, small},          // 55 rows
       {"mixtral-8x7b", 221, swap96},         // 56 rows
       {"mixtral-8x7b", 256, swap96},         // 64 rows
-      {"mixtral-8x7b", 288, swap96},         // 72 rows
-      {"mixtral-8x7b", 289, large},          // 73 rows
+      {"mixtral-8x7b", 257, large},          // 65 rows
       {"mixtral-8x7b", 444, large},          // 111 rows
       {"mixtral-8x7b", 445, small},          // 112 rows
       {"mixtral-8x7b", 892, small},          // 223 rows

@@ -58,7 +58,7 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
 // 3/4-1, 64x256 ahead from 1 on: "Fourteenth session"), and with shared experts (each of which holds T rows) for up
 // to 4 tokens at ~1 row per expert (deepseek-v3 T = 8 / 16: 64x256 1.02x / 1.10x faster than the GEMV); 128x256
 // cooperative tiles win over 64x256 from 64 rows per expert on a few large experts (mixtral T = 256: 1.07x), and
-// take them from 73 rows (below, swapped 96x256 tiles: see the end of this comment) up to 111 rows; beyond that, on
+// take them from 65 rows (below, swapped 96x256 tiles: see the end of this comment) up to 111 rows; beyond that, on
 // such experts, the 128-row tiles' padding (half the experts one tile more when the rows sit near a multiple of 128)
 // and GEMM2's few waves (16 N tiles of 256 per row tile on mixtral) decide, by bands of rows per expert
 // ("Twenty-first session", experts graph time against 128x256 for both GEMMs, same call: mixtral T = 512 / 768
@@ -77,12 +77,13 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
 // session", experts graph time against 64x256, same call: qwen3-next T = 3584 / 4096 / 4608 (70 / 80 / 90 rows) 0.989
 // / 0.967 / 0.984, qwen3 T = 1280 (80) 0.965, gpt-oss T = 2560 (80) 0.943; outside the band qwen3-next 60 / 100
 // rows 1.028 / 1.075, qwen3 and gpt-oss 64 / 96 rows 0.993-1.011 / 1.036-1.067, and deepseek-v3's large experts
-// 1.004-1.015 at 64-80 rows). On a few large experts swapped 96x256 tiles take 56-72 rows: there the hottest of
+// 1.004-1.015 at 64-80 rows). On a few large experts swapped 96x256 tiles take 56-64 rows: there the hottest of
 // mixtral's 8 experts outgrows one 64-row tile (each extra row tile streams the expert's weights again), while one
-// 96-row tile holds it with room for skew ("Twenty-eighth session", same call, against the 64x256 / 128x256
-// defaults: mixtral T = 224 / 240 / 256 / 272 / 288 0.917 / 0.932 / 0.957-0.973 / 0.959 / 0.962; at 44-52 rows
-// 1.010-1.016; at 80 / 84 rows still 0.956-0.969 / 0.945, but 1.105-1.124 at 88-92 rows, where the hottest expert
-// needs a second 96-row tile: the band stops at 72 rows and leaves the rest of the margin to skewed routing).
+// 96-row tile holds it with half the mean to spare for skewed routing ("Twenty-eighth session", same call, against
+// the 64x256 / 128x256 defaults: mixtral T = 224 / 240 / 256 0.917 / 0.932 / 0.957-0.973; at 44-52 rows
+// 1.010-1.016). Above 64 rows the 128-row tiles stay: with uniform routing the 96-row tiles still ran 0.945-0.969 at
+// 68-84 rows, but 1.105-1.124 at 88-92 rows, where the hottest expert needs a second 96-row tile, and a skewed
+// router reaches that sooner.
 constexpr int64_t kAny = INT64_MAX;
 struct HeuristicRule {
   int64_t min_rows = 0, max_rows = kAny, max_tokens = kAny, min_weights = 0, max_weights = kAny;
@@ -105,8 +106,8 @@ constexpr std::array<HeuristicRule, 13> kHeuristic{{
     {.max_rows = 1, .max_tokens = 4, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 16, .max_tokens = 64, .gemm1 = 5, .gemm2 = 5},
     {.max_rows = 16, .max_shared = 0, .gemm1 = 5, .gemm2 = 5},
-    few_large(56, 72, 6, 6),
-    few_large(73, 111, 3, 3),
+    few_large(56, 64, 6, 6),
+    few_large(65, 111, 3, 3),
     few_large(112, 223, 4, 4),
     few_large(224, 319, 3, 4),
     few_large(320, 3071, 4, 4),
