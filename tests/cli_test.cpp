@@ -138,6 +138,25 @@ TEST(Cli, BenchMoeBiasScale) {
   EXPECT_NE(help.output.find("--bias-scale"), std::string::npos) << help.output;
 }
 
+// --logit-skew: a non-negative number, for the plain benchmark only; with a GPU the table says how the logits were
+// skewed (and its rows column shows the busiest expert).
+TEST(Cli, BenchMoeLogitSkew) {
+  expect_accepted("bench moe --preset mixtral-8x7b --tokens 64 --samples 1 --verify-tokens 1 --logit-skew 1",
+                  "routing skew: each expert's logits offset by a fixed value uniform in [-S, S) with S = 1");
+  for (const char* bad : {"-1", "nan", "inf"}) {  // rejected before any device setup
+    CliRun r = run_cli(std::string("bench moe --preset mixtral-8x7b --tokens 1 --logit-skew ") + bad);
+    EXPECT_NE(r.status, 0) << bad;
+    EXPECT_NE(r.output.find(std::string("logit_skew (") + bad + ") must be finite and >= 0"), std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("a CUDA device"), std::string::npos) << r.output;
+  }
+  CliRun both = run_cli("bench moe --preset mixtral-8x7b --tuned --logit-skew 1");
+  EXPECT_NE(both.status, 0);
+  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
+  CliRun help = run_cli("bench moe --help");
+  EXPECT_NE(help.output.find("--logit-skew"), std::string::npos) << help.output;
+}
+
 // --gate-up: a layout name, for the plain benchmark only; the table's first line names the arrangement timed.
 TEST(Cli, BenchMoeGateUp) {
   expect_accepted("bench moe --preset qwen3-30b-a3b --tokens 1 --samples 1 --verify-tokens 1 --gate-up interleaved",

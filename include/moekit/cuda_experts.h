@@ -121,6 +121,11 @@ struct MoeBenchOptions {
   // 256 experts, the busiest about twice the mean); 0.5, the setting of the numbers recorded before 2026-11-30,
   // outweighs the sigmoid keys (45-89 of 256 experts get rows). Finite, >= 0.
   float bias_scale = 0.01f;
+  // Routing skew: each expert's logit gets a fixed offset uniform in [-logit_skew, logit_skew) (the same for every
+  // token, on top of logits uniform in [-2, 2)), so that some experts draw more rows than others, as a trained
+  // router's do on a real batch. 0, the default, makes every routed expert equally likely. MoeBenchRow's
+  // max_expert_rows shows the skew it gives. Finite, >= 0.
+  float logit_skew = 0.0f;
   // w13's gate/up arrangement instead of the preset's (the weights are synthetic either way): what an engine gets
   // that rearranges a checkpoint's w13 at load time, e.g. interleaved rows for GEMM1's fused gated epilogue.
   std::optional<GateUpLayout> gate_up;
@@ -141,6 +146,8 @@ struct MoeBenchRow {
   int64_t tokens = 0;
   std::string gemm1, gemm2;     // tactic names
   int active_experts = 0;       // local groups with at least one row
+  double mean_expert_rows = 0;  // rows per local routed expert with rows (shared experts, which hold T, left out)
+  int64_t max_expert_rows = 0;  // the busiest local routed expert's rows
   int kernels = 0;              // kernels one experts call launches
   double bytes = 0, flops = 0;  // fewest bytes (active weights once, hidden in, out) and the GEMM flops
   double floor_us = 0;          // max(bytes / copy bandwidth, flops / GEMM rate)
@@ -158,14 +165,15 @@ struct MoeBenchRow {
 struct MoeBenchReport {
   std::string preset, device, timing_source;  // timing_source: "cupti", or "events (...)" with the reason
   std::optional<float> bias_scale;  // MoeBenchOptions::bias_scale for presets with a selection bias, else none
+  float logit_skew = 0.0f;          // MoeBenchOptions::logit_skew
   GateUpLayout gate_up = GateUpLayout::gate_first;  // the arrangement timed (the preset's or the override)
   MoeBenchCeilings ceilings;
   std::vector<MoeBenchRow> rows;
 };
 
 /// Checks `options` without touching a device: a known preset, a non-empty token list of T >= 1, samples >= 1, a
-/// finite bias_scale >= 0. Throws InvalidArgument naming the bad field. bench_moe() calls it first; a caller can
-/// call it before setting up a device, so a bad argument is reported as such.
+/// finite bias_scale >= 0 and a finite logit_skew >= 0. Throws InvalidArgument naming the bad field. bench_moe()
+/// calls it first; a caller can call it before setting up a device, so a bad argument is reported as such.
 void check_moe_bench_options(const MoeBenchOptions& options);
 
 /// Builds the preset's layer with random weights on the harness's device, routes random logits with the GPU router,

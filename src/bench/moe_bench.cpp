@@ -163,11 +163,16 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
   const int64_t ew = cfg.weight_experts(), h = cfg.hidden, in = cfg.intermediate, e = cfg.num_experts;
 
   DeviceBuffer w13(ew * 2 * in * h * 2), w2(ew * h * in * 2), hidden(max_t * h * 2), out(max_t * h * 2),
-      logits(max_t * e * 4), bias(e * 4), b13(ew * 2 * in * 4), b2(ew * h * 4);
+      logits(max_t * e * 4), bias(e * 4), skew(e * 4), b13(ew * 2 * in * 4), b2(ew * h * 4);
   bench_detail::fill_uniform(w13.data(), ew * 2 * in * h, true, 1.0f / std::sqrt(float(h)), o.seed * 8 + 1, s);
   bench_detail::fill_uniform(w2.data(), ew * h * in, true, 1.0f / std::sqrt(float(in)), o.seed * 8 + 2, s);
   bench_detail::fill_uniform(hidden.data(), max_t * h, true, 1.0f, o.seed * 8 + 3, s);
   bench_detail::fill_uniform(logits.data(), max_t * e, false, 2.0f, o.seed * 8 + 4, s);
+  if (o.logit_skew > 0.0f) {  // a per-expert offset shared by every token's logits
+    bench_detail::fill_uniform(skew.data(), e, false, o.logit_skew, o.seed * 8, s);
+    bench_detail::add_to_rows(static_cast<float*>(logits.data()), max_t, e, static_cast<const float*>(skew.data()),
+                              s);
+  }
   bench_detail::fill_uniform(bias.data(), e, false, o.bias_scale, o.seed * 8 + 5, s);
   bench_detail::fill_uniform(b13.data(), ew * 2 * in, false, 0.5f, o.seed * 8 + 6, s);
   bench_detail::fill_uniform(b2.data(), ew * h, false, 0.5f, o.seed * 8 + 7, s);
@@ -191,6 +196,7 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
   MoeBenchReport report;
   report.preset = preset.name;
   if (preset.has_bias) report.bias_scale = o.bias_scale;
+  report.logit_skew = o.logit_skew;
   report.gate_up = cfg.gate_up;
   const bench::Ceilings hc = harness.measure_ceilings();
   report.device = hc.device;
@@ -262,14 +268,21 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
     ck(cudaMemcpyAsync(counts.data(), plan.view().expert_counts, counts.size() * 4, cudaMemcpyDeviceToHost, s),
        "cudaMemcpy counts");
     ck(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-    int64_t rows = 0;
+    int64_t rows = 0, routed_rows = 0;
+    int routed = 0;
     for (int g = 0; g < static_cast<int>(counts.size()); ++g) {
       const bool local =
           g >= e || (g >= cfg.local_expert_offset && g < cfg.local_expert_offset + cfg.local_experts());
       if (!local || counts[g] == 0) continue;
       ++row.active_experts;
       rows += counts[g];
+      if (g < e) {
+        ++routed;
+        routed_rows += counts[g];
+        row.max_expert_rows = std::max<int64_t>(row.max_expert_rows, counts[g]);
+      }
     }
+    row.mean_expert_rows = routed > 0 ? double(routed_rows) / routed : 0.0;
     row.bytes = double(row.active_experts) * 3.0 * h * in * 2 + 2.0 * t * h * 2;
     row.flops = 6.0 * double(rows) * h * in;
     row.floor_us = std::max(row.bytes / (report.ceilings.copy_tb_per_s * 1e12),
@@ -316,6 +329,8 @@ void check_moe_bench_options(const MoeBenchOptions& o) {
   if (o.samples < 1) throw InvalidArgument("bench", fmt::format("samples ({}) must be >= 1", o.samples));
   if (!std::isfinite(o.bias_scale) || o.bias_scale < 0.0f)
     throw InvalidArgument("bench", fmt::format("bias_scale ({}) must be finite and >= 0", o.bias_scale));
+  if (!std::isfinite(o.logit_skew) || o.logit_skew < 0.0f)
+    throw InvalidArgument("bench", fmt::format("logit_skew ({}) must be finite and >= 0", o.logit_skew));
 }
 
 }  // namespace moekit

@@ -30,6 +30,12 @@ __global__ void fill_uniform_kernel(void* p, int64_t n, bool bf16, float scale, 
   }
 }
 
+__global__ void add_to_rows_kernel(float* m, int64_t n, int64_t cols, const float* v) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n; i += stride)
+    m[i] += v[i % cols];
+}
+
 void check(const char* what) {
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) throw CudaError("bench", std::string(what) + " launch failed: " + cudaGetErrorString(err));
@@ -41,6 +47,12 @@ void fill_uniform(void* p, int64_t n, bool bf16, float scale, uint64_t seed, Str
   if (n == 0) return;
   fill_uniform_kernel<<<1024, 256, 0, static_cast<cudaStream_t>(stream)>>>(p, n, bf16, scale, seed);
   check("fill_uniform_kernel");
+}
+
+void add_to_rows(float* m, int64_t rows, int64_t cols, const float* v, Stream stream) {
+  if (rows * cols == 0) return;
+  add_to_rows_kernel<<<1024, 256, 0, static_cast<cudaStream_t>(stream)>>>(m, rows * cols, cols, v);
+  check("add_to_rows_kernel");
 }
 
 }  // namespace moekit::bench_detail

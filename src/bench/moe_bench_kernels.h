@@ -12,4 +12,7 @@ namespace moekit::bench_detail {
 /// p[i] = uniform(-scale, scale) rounded to bf16 (bf16 = true) or fp32, from hash(seed, i).
 void fill_uniform(void* p, int64_t n, bool bf16, float scale, uint64_t seed, Stream stream);
 
+/// m[r, c] += v[c] for the fp32 row-major matrix m [rows, cols] and the fp32 vector v [cols].
+void add_to_rows(float* m, int64_t rows, int64_t cols, const float* v, Stream stream);
+
 }  // namespace moekit::bench_detail

@@ -39,6 +39,7 @@ struct BenchMoeCli {
   int gemm1 = -1, gemm2 = -1;
   std::string json;
   float bias_scale = 0.01f;
+  float logit_skew = 0.0f;
   std::string gate_up;
   bool tuned = false;
   bool kernels = false;
@@ -63,6 +64,7 @@ nlohmann::json to_json(const MoeBenchReport& r) {
   j["device"] = r.device;
   j["timing_source"] = r.timing_source;
   j["bias_scale"] = r.bias_scale ? nlohmann::json(*r.bias_scale) : nlohmann::json(nullptr);
+  j["logit_skew"] = r.logit_skew;
   j["gate_up"] = std::string(gate_up_layout_name(r.gate_up));
   j["ceilings"] = {{"copy_tb_per_s", r.ceilings.copy_tb_per_s},
                    {"gemm_tflop_per_s", r.ceilings.gemm_tflop_per_s},
@@ -72,6 +74,8 @@ nlohmann::json to_json(const MoeBenchReport& r) {
                          {"gemm1", x.gemm1},
                          {"gemm2", x.gemm2},
                          {"active_experts", x.active_experts},
+                         {"mean_expert_rows", x.mean_expert_rows},
+                         {"max_expert_rows", x.max_expert_rows},
                          {"kernels", x.kernels},
                          {"bytes", x.bytes},
                          {"flops", x.flops},
@@ -93,6 +97,11 @@ nlohmann::json to_json(const MoeBenchReport& r) {
   return j;
 }
 
+// "mean / max" rows of the routed experts with rows (shared experts hold every token and are left out).
+std::string mean_max_rows(const MoeBenchRow& x) {
+  return fmt::format("{:.1f} / {}", x.mean_expert_rows, x.max_expert_rows);
+}
+
 void print_table(const MoeBenchReport& r) {
   std::printf("%s", fmt::format("moe bench: {} (w13 {}) on {}; ceilings: copy {:.2f} TB/s, bf16 GEMM {:.0f} TFLOP/s, "
                                 "graph launch {:.1f} us; cold = kernel time from {}\n",
@@ -103,16 +112,24 @@ void print_table(const MoeBenchReport& r) {
     std::printf(
         "%s",
         fmt::format("selection bias uniform in [-S, S) with S = {:.3g}, logits in [-2, 2)\n", *r.bias_scale).c_str());
+  if (r.logit_skew > 0.0f)
+    std::printf("%s",
+                fmt::format("routing skew: each expert's logits offset by a fixed value uniform in [-S, S) with "
+                            "S = {:.3g}, logits in [-2, 2)\n",
+                            r.logit_skew)
+                    .c_str());
   std::printf(
-      "| T | gemm1 / gemm2 | experts | floor us | experts cold us | experts graph us | route+experts cold "
-      "us | route+experts graph us | TB/s | TFLOP/s | floor fraction (graph) | (cold) | verify err |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| T | gemm1 / gemm2 | experts | rows per routed expert (mean / max) | floor us | experts cold us | experts "
+      "graph us | route+experts cold us | route+experts graph us | TB/s | TFLOP/s | floor fraction (graph) | (cold) "
+      "| "
+      "verify err |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const MoeBenchRow& x : r.rows) {
     std::printf(
-        "%s", fmt::format("| {} | {} / {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.0f} | "
+        "%s", fmt::format("| {} | {} / {} | {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.0f} | "
                           "{:.2f} | {:.2f} | {:.1e} |\n",
-                          x.tokens, x.gemm1, x.gemm2, x.active_experts, x.floor_us, x.experts_cold_us,
-                          x.experts_graph_us, x.route_experts_cold_us, x.route_experts_graph_us,
+                          x.tokens, x.gemm1, x.gemm2, x.active_experts, mean_max_rows(x), x.floor_us,
+                          x.experts_cold_us, x.experts_graph_us, x.route_experts_cold_us, x.route_experts_graph_us,
                           x.bytes / (x.experts_graph_us * 1e-6) / 1e12, x.flops / (x.experts_graph_us * 1e-6) / 1e12,
                           x.floor_us / x.experts_graph_us, x.floor_us / x.experts_cold_us, x.verify_error)
                   .c_str());
@@ -352,6 +369,11 @@ void add_bench_moe_command(CLI::App& bench) {
                   "Presets with a selection bias: bias uniform in [-S, S) against logits in [-2, 2); the default "
                   "0.01 sends rows to every expert, 0.5 concentrates them (deepseek-v3: 45-89 of 256 experts)")
       ->excludes(tuned);
+  cmd->add_option(
+         "--logit-skew", opts->logit_skew,
+         "Routing skew: each expert's logits offset by a fixed value uniform in [-S, S) (logits in [-2, 2)), "
+         "so some experts draw more rows than others; 0 (the default): every expert equally likely")
+      ->excludes(tuned);
   cmd->add_flag("--cublas", opts->cublas,
                 "Also time cuBLAS strided-batched GEMM1 and GEMM2 on the same weights with the call's rows split "
                 "evenly over its active experts (a same-run reference without routing skew, gather, activation or "
@@ -376,6 +398,7 @@ void add_bench_moe_command(CLI::App& bench) {
     o.seed = opts->seed;
     o.tactic = {opts->gemm1, opts->gemm2};
     o.bias_scale = opts->bias_scale;
+    o.logit_skew = opts->logit_skew;
     o.cublas_baseline = opts->cublas;
     if (gate_up->count() > 0) o.gate_up = parse_gate_up_layout(opts->gate_up);
     check_moe_bench_options(o);  // bad arguments are reported before any device setup
