@@ -83,7 +83,9 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
 // the 64x256 / 128x256 defaults: mixtral T = 224 / 240 / 256 0.917 / 0.932 / 0.957-0.973; at 44-52 rows
 // 1.010-1.016). Above 64 rows the 128-row tiles stay: with uniform routing the 96-row tiles still ran 0.945-0.969 at
 // 68-84 rows, but 1.105-1.124 at 88-92 rows, where the hottest expert needs a second 96-row tile, and a skewed
-// router reaches that sooner.
+// router reaches that sooner. Measured with skew (bench moe --logit-skew S): with the hottest expert at 67-88 rows
+// (S = 0.25 / 0.5) the band's T = 224 / 240 / 256 ran 0.927-0.961 of the old tiles' time, with it at 98-115 rows
+// (S = 1, 1.75-1.8x the mean) 1.052-1.123.
 constexpr int64_t kAny = INT64_MAX;
 struct HeuristicRule {
   int64_t min_rows = 0, max_rows = kAny, max_tokens = kAny, min_weights = 0, max_weights = kAny;
