@@ -119,42 +119,36 @@ TEST(Cli, BenchMoeTakesCublas) {
   EXPECT_NE(help.output.find("--cublas"), std::string::npos) << help.output;
 }
 
-// --bias-scale: a non-negative number, for the plain benchmark only (not --tuned); without a GPU an accepted value
-// gets as far as asking for one.
-TEST(Cli, BenchMoeBiasScale) {
-  expect_accepted("bench moe --preset deepseek-v3 --tokens 1 --samples 1 --verify-tokens 1 --bias-scale 0",
-                  "selection bias uniform in [-0, 0)");
-  for (const char* bad : {"-0.5", "nan", "inf"}) {  // rejected before any device setup
-    CliRun r = run_cli(std::string("bench moe --preset deepseek-v3 --tokens 1 --bias-scale ") + bad);
-    EXPECT_NE(r.status, 0) << bad;
-    EXPECT_NE(r.output.find(std::string("bias_scale (") + bad + ") must be finite and >= 0"), std::string::npos)
-        << r.output;
+// A non-negative number option of the plain benchmark (not --tuned): `accepted` (a valid value) gets as far as
+// asking for a GPU without one, and with one prints `shown`; negative and non-finite values are rejected with a
+// message naming `field`, before any device setup.
+void expect_non_negative_bench_option(const std::string& prefix, const std::string& flag, const std::string& field,
+                                      const char* accepted, const char* shown) {
+  expect_accepted(prefix + " --tokens 64 --samples 1 --verify-tokens 1 " + flag + " " + accepted, shown);
+  for (const char* bad : {"-0.5", "nan", "inf"}) {
+    CliRun r = run_cli(prefix + " --tokens 1 " + flag + " " + bad);
+    EXPECT_NE(r.status, 0) << flag << " " << bad;
+    EXPECT_NE(r.output.find(field + " (" + bad + ") must be finite and >= 0"), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("a CUDA device"), std::string::npos) << r.output;
   }
-  CliRun both = run_cli("bench moe --preset deepseek-v3 --tuned --bias-scale 0");
+  CliRun both = run_cli(prefix + " --tuned " + flag + " " + accepted);
   EXPECT_NE(both.status, 0);
   EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
   CliRun help = run_cli("bench moe --help");
-  EXPECT_NE(help.output.find("--bias-scale"), std::string::npos) << help.output;
+  EXPECT_NE(help.output.find(flag), std::string::npos) << help.output;
 }
 
-// --logit-skew: a non-negative number, for the plain benchmark only; with a GPU the table says how the logits were
-// skewed (and its rows column shows the busiest expert).
+// --bias-scale: the selection bias's range on presets that have one.
+TEST(Cli, BenchMoeBiasScale) {
+  expect_non_negative_bench_option("bench moe --preset deepseek-v3", "--bias-scale", "bias_scale", "0",
+                                   "selection bias uniform in [-0, 0)");
+}
+
+// --logit-skew: with a GPU the table says how the logits were skewed (and its rows column shows the busiest expert).
 TEST(Cli, BenchMoeLogitSkew) {
-  expect_accepted("bench moe --preset mixtral-8x7b --tokens 64 --samples 1 --verify-tokens 1 --logit-skew 1",
-                  "routing skew: each expert's logits offset by a fixed value uniform in [-S, S) with S = 1");
-  for (const char* bad : {"-1", "nan", "inf"}) {  // rejected before any device setup
-    CliRun r = run_cli(std::string("bench moe --preset mixtral-8x7b --tokens 1 --logit-skew ") + bad);
-    EXPECT_NE(r.status, 0) << bad;
-    EXPECT_NE(r.output.find(std::string("logit_skew (") + bad + ") must be finite and >= 0"), std::string::npos)
-        << r.output;
-    EXPECT_EQ(r.output.find("a CUDA device"), std::string::npos) << r.output;
-  }
-  CliRun both = run_cli("bench moe --preset mixtral-8x7b --tuned --logit-skew 1");
-  EXPECT_NE(both.status, 0);
-  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
-  CliRun help = run_cli("bench moe --help");
-  EXPECT_NE(help.output.find("--logit-skew"), std::string::npos) << help.output;
+  expect_non_negative_bench_option("bench moe --preset mixtral-8x7b", "--logit-skew", "logit_skew", "1",
+                                   "routing skew: each expert's logits offset by a fixed value uniform in [-S, S) "
+                                   "with S = 1");
 }
 
 // --gate-up: a layout name, for the plain benchmark only; the table's first line names the arrangement timed.
