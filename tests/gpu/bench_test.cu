@@ -13,22 +13,16 @@
 #include <vector>
 
 #include "bench/moe_bench_kernels.h"
+#include "gpu/gpu_test.h"
 #include "moekit/device.h"
 
 namespace moekit {
 namespace {
 
-#define MOEKIT_REQUIRE_SM90() \
-  if (!device_is_sm90(0)) GTEST_SKIP() << "no sm90 GPU: the benchmark's kernels are built for sm_90a"
+#define MOEKIT_REQUIRE_SM90() MOEKIT_SKIP_WITHOUT_SM90("the benchmark's kernels are built for sm_90a")
 
 uint32_t test_seed() {
-  static const uint32_t seed = [] {
-    const char* env = std::getenv("MOEKIT_TEST_SEED");
-    const uint32_t s = env ? static_cast<uint32_t>(std::strtoul(env, nullptr, 10)) : std::random_device{}();
-    std::printf("bench_test seed: %u (set MOEKIT_TEST_SEED to replay)\n", s);
-    return s;
-  }();
-  return seed;
+  return test::run_seed("bench_test");
 }
 
 void ck(cudaError_t err) {

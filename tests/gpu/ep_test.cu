@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/gpu_test.h"
 #include "moekit/cuda_experts.h"
 #include "moekit/device.h"
 #include "moekit/error.h"
@@ -26,13 +27,7 @@ namespace moekit {
 namespace {
 
 uint32_t test_seed() {
-  static const uint32_t seed = [] {
-    const char* env = std::getenv("MOEKIT_TEST_SEED");
-    const uint32_t s = env ? static_cast<uint32_t>(std::strtoul(env, nullptr, 10)) : std::random_device{}();
-    std::printf("gpu ep_test seed: %u (set MOEKIT_TEST_SEED to replay)\n", s);
-    return s;
-  }();
-  return seed;
+  return test::run_seed("gpu ep_test");
 }
 
 // Why W GPUs cannot run this test, or "" when they can.

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpu/gpu_test.h"
 #include "moekit/cuda_experts.h"
 #include "moekit/device.h"
 #include "moekit/error.h"
@@ -30,21 +31,10 @@ namespace {
 
 #define MOEKIT_CUDA_OK(call) ASSERT_EQ((call), cudaSuccess) << #call
 
-bool have_sm90() {
-  return device_is_sm90(0);
-}
-
-#define MOEKIT_REQUIRE_SM90() \
-  if (!have_sm90()) GTEST_SKIP() << "no sm90 GPU: the bf16 expert kernels need an H100/H200"
+#define MOEKIT_REQUIRE_SM90() MOEKIT_SKIP_WITHOUT_SM90("the bf16 expert kernels need an H100/H200")
 
 uint32_t test_seed() {
-  static const uint32_t seed = [] {
-    const char* env = std::getenv("MOEKIT_TEST_SEED");
-    const uint32_t s = env ? static_cast<uint32_t>(std::strtoul(env, nullptr, 10)) : std::random_device{}();
-    std::printf("experts_test seed: %u (set MOEKIT_TEST_SEED to replay)\n", s);
-    return s;
-  }();
-  return seed;
+  return test::run_seed("experts_test");
 }
 
 template <class T>

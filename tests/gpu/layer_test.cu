@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "gpu/gpu_test.h"
 #include "moekit/cuda_experts.h"
 #include "moekit/device.h"
 #include "moekit/error.h"
@@ -28,17 +29,10 @@
 namespace moekit {
 namespace {
 
-#define MOEKIT_REQUIRE_SM90() \
-  if (!device_is_sm90(0)) GTEST_SKIP() << "no sm90 GPU: the cuda_bf16 runner needs an H100/H200 (and a CUDA build)"
+#define MOEKIT_REQUIRE_SM90() MOEKIT_SKIP_WITHOUT_SM90("the cuda_bf16 runner needs an H100/H200 (and a CUDA build)")
 
 uint32_t test_seed() {
-  static const uint32_t seed = [] {
-    const char* env = std::getenv("MOEKIT_TEST_SEED");
-    const uint32_t s = env ? static_cast<uint32_t>(std::strtoul(env, nullptr, 10)) : std::random_device{}();
-    std::printf("layer_test seed: %u (set MOEKIT_TEST_SEED to replay)\n", s);
-    return s;
-  }();
-  return seed;
+  return test::run_seed("layer_test");
 }
 
 template <class E>
