@@ -97,11 +97,6 @@ nlohmann::json to_json(const MoeBenchReport& r) {
   return j;
 }
 
-// "mean / max" rows of the routed experts with rows (shared experts hold every token and are left out).
-std::string mean_max_rows(const MoeBenchRow& x) {
-  return fmt::format("{:.1f} / {}", x.mean_expert_rows, x.max_expert_rows);
-}
-
 void print_table(const MoeBenchReport& r) {
   std::printf("%s", fmt::format("moe bench: {} (w13 {}) on {}; ceilings: copy {:.2f} TB/s, bf16 GEMM {:.0f} TFLOP/s, "
                                 "graph launch {:.1f} us; cold = kernel time from {}\n",
@@ -119,20 +114,21 @@ void print_table(const MoeBenchReport& r) {
                             r.logit_skew)
                     .c_str());
   std::printf(
-      "| T | gemm1 / gemm2 | experts | rows per routed expert (mean / max) | floor us | experts cold us | experts "
-      "graph us | route+experts cold us | route+experts graph us | TB/s | TFLOP/s | floor fraction (graph) | (cold) "
-      "| "
-      "verify err |\n");
+      "| T | gemm1 / gemm2 | experts | rows per routed expert (mean / max) | floor us | experts cold us "
+      "| experts graph us | route+experts cold us | route+experts graph us | TB/s | TFLOP/s "
+      "| floor fraction (graph) | (cold) | verify err |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const MoeBenchRow& x : r.rows) {
     std::printf(
-        "%s", fmt::format("| {} | {} / {} | {} | {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.0f} | "
-                          "{:.2f} | {:.2f} | {:.1e} |\n",
-                          x.tokens, x.gemm1, x.gemm2, x.active_experts, mean_max_rows(x), x.floor_us,
-                          x.experts_cold_us, x.experts_graph_us, x.route_experts_cold_us, x.route_experts_graph_us,
-                          x.bytes / (x.experts_graph_us * 1e-6) / 1e12, x.flops / (x.experts_graph_us * 1e-6) / 1e12,
-                          x.floor_us / x.experts_graph_us, x.floor_us / x.experts_cold_us, x.verify_error)
-                  .c_str());
+        "%s",
+        fmt::format(
+            "| {} | {} / {} | {} | {:.1f} / {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.0f} | "
+            "{:.2f} | {:.2f} | {:.1e} |\n",
+            x.tokens, x.gemm1, x.gemm2, x.active_experts, x.mean_expert_rows, x.max_expert_rows, x.floor_us,
+            x.experts_cold_us, x.experts_graph_us, x.route_experts_cold_us, x.route_experts_graph_us,
+            x.bytes / (x.experts_graph_us * 1e-6) / 1e12, x.flops / (x.experts_graph_us * 1e-6) / 1e12,
+            x.floor_us / x.experts_graph_us, x.floor_us / x.experts_cold_us, x.verify_error)
+            .c_str());
   }
 }
 
