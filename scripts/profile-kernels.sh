@@ -24,7 +24,7 @@ route() {
 moe() {
   ncu_run --metrics gpu__time_duration.sum,dram__bytes_read.sum,launch__grid_size,launch__block_size,\
 launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,launch__occupancy_limit_registers \
-    -k regex:'expert_gemv|route_fused|combine_kernel|gather_tokens|activation_rows|fill_grouped|device_kernel' -c 16 --csv --page raw "$moekit" bench moe --preset "$1" --tokens "$2" --samples 3 >"$out/moe_$1_T$2.csv" 2>&1
+    -k regex:'expert_gemv|route_fused|combine_kernel|gather_tokens|activation_slots|fill_grouped|device_kernel' -c 16 --csv --page raw "$moekit" bench moe --preset "$1" --tokens "$2" --samples 3 >"$out/moe_$1_T$2.csv" 2>&1
 }
 
 if [[ $# -eq 0 ]]; then set -- route; fi

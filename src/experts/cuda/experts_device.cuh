@@ -46,15 +46,6 @@ __device__ __forceinline__ int local_expert(const ExpertMap& m, int id) {
   return (l >= 0 && l < m.local_count) ? l : -1;
 }
 
-/// A row r of the plan's grouped order belongs to a slot of a local expert (not padding, not another rank).
-/// Returns that local expert or -1.
-__device__ __forceinline__ int row_local_expert(const PlanArrays& p, const ExpertMap& m, int64_t row) {
-  if (row >= p.extent[0]) return -1;
-  const int slot = p.sorted_slots[row];
-  if (slot < 0 || slot >= p.tokens * p.slots) return -1;
-  return local_expert(m, p.topk_ids[slot]);
-}
-
 struct Bf16x8 {
   float v[8];
 };

@@ -1,7 +1,7 @@
 // The grouped path's memory-bound stages: gather (hidden rows into the plan's grouped order), bias + gated
-// activation over GEMM1's [rows, 2I] output, and the deterministic combine, all in 16-byte vectors. The
-// activation's grid covers the host's bound on the rows for this T; rows past the plan's device-side extent,
-// padding rows and other ranks' rows return at once, so nothing needs a host sync.
+// activation over GEMM1's [rows, 2I] output, and the deterministic combine, all in 16-byte vectors. Each pass
+// walks the call's tokens or token slots (T and T x (K + S) are known on the host), never the plan's padded rows,
+// and other ranks' slots return at once, so nothing needs a host sync.
 #include <cuda_runtime.h>
 
 #include "experts/cuda/experts_device.cuh"
@@ -98,14 +98,18 @@ struct GateUp8 {
   }
 };
 
-// Grid: (rows / kWarpsPerCta, slices per row). The plan was complete before this kernel launched, so rows are
-// looked up first and padding exits at once; c1 is read only after GEMM1 is done.
-__global__ void __launch_bounds__(kWarpsPerCta * 32) activation_rows_kernel(ActivationKernelParams p) {
+// Grid: (token slots / kWarpsPerCta, slices per row): a warp per slot of a token (T x (K + S) of them) and its
+// plan row, so that padding rows launch nothing. A grid over the plan's rows (the host bound T x (K + S) + G x (B -
+// 1)) was mostly padding at small T: 8,192 rows for qwen3-30b-a3b's 128 slots at T = 16. The plan was complete
+// before this kernel launched, so the slot's expert and row are looked up first (two independent loads) and other
+// ranks' slots exit at once; c1 is read only after GEMM1 is done.
+__global__ void __launch_bounds__(kWarpsPerCta * 32) activation_slots_kernel(ActivationKernelParams p) {
   const int lane = threadIdx.x & 31;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + (threadIdx.x >> 5);
-  if (row >= p.plan.capacity) return;
-  const int expert = row_local_expert(p.plan, p.map, row);
-  if (expert < 0) return;
+  const int64_t slot = static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + (threadIdx.x >> 5);
+  if (slot >= p.plan.tokens * p.plan.slots) return;
+  const int expert = local_expert(p.map, p.plan.topk_ids[slot]);
+  const int64_t row = p.plan.slot_rows[slot];
+  if (expert < 0 || row < 0) return;
   wait_for_predecessor();
   const int inter = p.intermediate;
   const __nv_bfloat16* c1 = static_cast<const __nv_bfloat16*>(p.c1) + row * 2 * inter;
@@ -180,11 +184,11 @@ void launch_gather(const GatherParams& p, Stream stream) {
 }
 
 void launch_activation(const ActivationKernelParams& p, Stream stream) {
-  if (p.plan.capacity == 0) return;
-  const int64_t slices = row_slices(row_passes(p.intermediate), p.plan.capacity, kActWarps);
-  const dim3 grid(static_cast<unsigned>((p.plan.capacity + kWarpsPerCta - 1) / kWarpsPerCta),
-                  static_cast<unsigned>(slices));
-  launch_dependent(activation_rows_kernel, grid, dim3(kWarpsPerCta * 32), stream, p, "activation_rows_kernel");
+  const int64_t slots = p.plan.tokens * p.plan.slots;
+  if (slots == 0) return;
+  const int64_t slices = row_slices(row_passes(p.intermediate), slots, kActWarps);
+  const dim3 grid(static_cast<unsigned>((slots + kWarpsPerCta - 1) / kWarpsPerCta), static_cast<unsigned>(slices));
+  launch_dependent(activation_slots_kernel, grid, dim3(kWarpsPerCta * 32), stream, p, "activation_slots_kernel");
 }
 
 void launch_combine(const CombineParams& p, Stream stream) {
