@@ -378,15 +378,12 @@ void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const Ten
     }
   } restore{previous, m.device.index};
 
-  if (grouped1 || grouped2) {
-    detail::FillProblemsParams f{pa,    map,  c.hidden, c.intermediate, m.w.w13.data, m.w.w2.data,
-                                 m.a1y, m.c1, m.act,    m.a1y,          m.gemm1,      m.gemm2};
-    f.swap1 = kTactics[tactic.gemm1].swap_ab;
-    f.swap2 = kTactics[tactic.gemm2].swap_ab;
-    detail::launch_fill_problems(f, stream);
-  }
+  detail::FillProblemsParams f{pa,    map,  c.hidden, c.intermediate, m.w.w13.data, m.w.w2.data,
+                               m.a1y, m.c1, m.act,    m.a1y,          m.gemm1,      m.gemm2};
+  f.swap1 = kTactics[tactic.gemm1].swap_ab;
+  f.swap2 = kTactics[tactic.gemm2].swap_ab;
   if (grouped1) {
-    detail::launch_gather({pa, map, hidden.data, m.a1y, c.hidden}, stream);
+    detail::launch_gather({pa, map, hidden.data, m.a1y, c.hidden, true, f}, stream);  // fills both GEMMs' arrays
     if (m.gated_ops[tactic.gemm1].run != nullptr) {
       m.gated_ops[tactic.gemm1].run(m.gemm1, stream);
     } else {
@@ -396,6 +393,7 @@ void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const Ten
       detail::launch_activation(ap, stream);
     }
   } else {
+    if (grouped2) detail::launch_fill_problems(f, stream);
     detail::GemvParams gp{pa,        map,      true,           hidden.data,       m.w.w13.data,
                           m.act,     c.hidden, c.intermediate, bias_ref(m.w.b13), c.activation,
                           c.gate_up, c.act};
