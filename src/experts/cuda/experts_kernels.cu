@@ -42,24 +42,34 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gather_tokens_kernel(Gather
   const int lane = threadIdx.x & 31;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kWarpsPerCta + (threadIdx.x >> 5);
   if (t >= p.plan.tokens) return;
-  const int kt = p.plan.slots;
-  int row = -1;
-  if (lane < kt && local_expert(p.map, p.plan.topk_ids[t * kt + lane]) >= 0) row = p.plan.slot_rows[t * kt + lane];
-  const uint32_t local = __ballot_sync(0xffffffffu, row >= 0);
   const int vecs = p.hidden_size / 8;
   constexpr int kPassVecs = kRowPass / 8;
   const RowRange slice = row_slice_range(p.hidden_size, static_cast<int>(blockIdx.y), static_cast<int>(gridDim.y));
   const int begin = slice.begin / 8, end = slice.end / 8;  // in 16-byte vectors (H is a multiple of 8)
   const uint4* src = static_cast<const uint4*>(p.hidden) + t * vecs;
   uint4* a1 = static_cast<uint4*>(p.a1);
-  constexpr int kChunks = 2 * kPassVecs / 32;                 // per lane: two passes' 16-byte chunks
-  for (int base = begin; base < end; base += 32 * kChunks) {  // warp-uniform trip count: every lane shuffles
-    uint4 x[kChunks];
+  constexpr int kChunks = 2 * kPassVecs / 32;  // per lane: two passes' 16-byte chunks
+  uint4 x[kChunks];
+  auto load = [&](int base) {
 #pragma unroll
     for (int j = 0; j < kChunks; ++j) {
       const int v = base + lane + 32 * j;
       x[j] = v < end ? src[v] : uint4{};
     }
+  };
+  // The first chunks, the slot's expert and its row are requested together: three independent loads, one round
+  // trip (the row used to wait for the expert check, and the hidden row for both).
+  load(begin);
+  const int kt = p.plan.slots;
+  int row = -1;
+  if (lane < kt) {
+    const int id = p.plan.topk_ids[t * kt + lane];
+    row = p.plan.slot_rows[t * kt + lane];
+    if (local_expert(p.map, id) < 0) row = -1;
+  }
+  const uint32_t local = __ballot_sync(0xffffffffu, row >= 0);
+  for (int base = begin; base < end; base += 32 * kChunks) {  // warp-uniform trip count: every lane shuffles
+    if (base != begin) load(base);
     for (uint32_t m = local; m != 0; m &= m - 1) {
       const int64_t r = __shfl_sync(0xffffffffu, row, __ffs(m) - 1);
 #pragma unroll
