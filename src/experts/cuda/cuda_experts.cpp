@@ -77,7 +77,8 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
 // session", experts graph time against 64x256, same call: qwen3-next T = 3584 / 4096 / 4608 (70 / 80 / 90 rows) 0.989
 // / 0.967 / 0.984, qwen3 T = 1280 (80) 0.965, gpt-oss T = 2560 (80) 0.943; outside the band qwen3-next 60 / 100
 // rows 1.028 / 1.075, qwen3 and gpt-oss 64 / 96 rows 0.993-1.011 / 1.036-1.067, and deepseek-v3's large experts
-// 1.004-1.015 at 64-80 rows). On a few large experts swapped 96x256 tiles take 56-64 rows: there the hottest of
+// 1.004-1.015 at 64-80 rows; inside the band GEMM2 on 64x256 / 128x256 instead ran 1.002-1.029 / 1.009-1.014x,
+// "Twenty-ninth session"). On a few large experts swapped 96x256 tiles take 56-64 rows: there the hottest of
 // mixtral's 8 experts outgrows one 64-row tile (each extra row tile streams the expert's weights again), while one
 // 96-row tile holds it with half the mean to spare for skewed routing ("Twenty-eighth session", same call, against
 // the 64x256 / 128x256 defaults: mixtral T = 224 / 240 / 256 0.917 / 0.932 / 0.957-0.973; at 44-52 rows
