@@ -384,7 +384,7 @@ void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const Ten
   f.swap1 = kTactics[tactic.gemm1].swap_ab;
   f.swap2 = kTactics[tactic.gemm2].swap_ab;
   if (grouped1) {
-    detail::launch_gather({pa, map, hidden.data, m.a1y, c.hidden, true, f}, stream);  // fills both GEMMs' arrays
+    detail::launch_gather({pa, map, hidden.data, m.a1y, c.hidden, f}, stream);  // fills both GEMMs' arrays
     if (m.gated_ops[tactic.gemm1].run != nullptr) {
       m.gated_ops[tactic.gemm1].run(m.gemm1, stream);
     } else {

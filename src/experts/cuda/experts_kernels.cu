@@ -30,12 +30,12 @@ constexpr int64_t kGatherWarps = 4096;  // the gather: T >= 4096 keeps a warp pe
 // passes are launched as dependents of the kernel before them (launch_dependent: no launch gap) and wait before they
 // read what it wrote. The CUTLASS GEMMs between them are ordinary launches: launched as dependents they ran 2-7%
 // slower at T = 4096 (H200, docs/benchmarks.md), so the passes do not let them start early either.
-// With p.with_fill the grid has one more column of CTAs, whose first fills both GEMMs' per-group arrays beside the
-// gather: as a kernel of its own before the gather, the fill's 1.6-2.6 us lay on every call's critical path.
+// The grid has one more column of CTAs, whose first fills both GEMMs' per-group arrays beside the gather: as a
+// kernel of its own before the gather, the fill's 1.5-2.6 us lay on every call's critical path.
 __global__ void __launch_bounds__(kWarpsPerCta * 32) gather_tokens_kernel(GatherParams p) {
   wait_for_predecessor();
   const int64_t token_ctas = (p.plan.tokens + kWarpsPerCta - 1) / kWarpsPerCta;
-  if (blockIdx.x == token_ctas) {  // the fill's column: launched only with p.with_fill
+  if (blockIdx.x == token_ctas) {  // the fill's column
     if (blockIdx.y == 0) fill_grouped_problems(p.fill, static_cast<int>(threadIdx.x), kWarpsPerCta * 32);
     return;
   }
@@ -197,7 +197,7 @@ void launch_gather(const GatherParams& p, Stream stream) {
   if (p.plan.tokens == 0) return;
   const int64_t slices = row_slices(row_passes(p.hidden_size), p.plan.tokens, kGatherWarps);
   const int64_t token_ctas = (p.plan.tokens + kWarpsPerCta - 1) / kWarpsPerCta;
-  const dim3 grid(static_cast<unsigned>(token_ctas + (p.with_fill ? 1 : 0)), static_cast<unsigned>(slices));
+  const dim3 grid(static_cast<unsigned>(token_ctas + 1), static_cast<unsigned>(slices));
   launch_dependent(gather_tokens_kernel, grid, dim3(kWarpsPerCta * 32), stream, p, "gather_tokens_kernel");
 }
 

@@ -110,15 +110,14 @@ struct FillProblemsParams {
 };
 void launch_fill_problems(const FillProblemsParams& p, Stream stream);
 
-/// a1[slot_rows[t, j]] = hidden[t] for every token t and local slot j (each hidden row read once); with with_fill,
-/// also what launch_fill_problems(fill) does, in one extra CTA of the same launch.
+/// a1[slot_rows[t, j]] = hidden[t] for every token t and local slot j (each hidden row read once), and, in one
+/// extra CTA of the same launch, what launch_fill_problems(fill) does.
 struct GatherParams {
   PlanArrays plan;
   ExpertMap map;
   const void* hidden = nullptr;  // [T, H] bf16
   void* a1 = nullptr;            // [cap, H] bf16
   int hidden_size = 0;
-  bool with_fill = false;
   FillProblemsParams fill;
 };
 void launch_gather(const GatherParams& p, Stream stream);
