@@ -274,8 +274,9 @@ CudaExperts::CudaExperts(const CudaExpertsArgs& a) : impl_(std::make_unique<Impl
   };
   bind(m.gemm1, o1);
   bind(m.gemm2, o2);
-  // The fused epilogue writes act rows where GEMM2 reads them: through GEMM2's A pointers.
-  m.gemm1.gated = {m.gemm2.ptr_a, in, bias_ref(m.w.b13), m.map, c.activation, c.act};
+  // The fused epilogue writes act rows where GEMM2 reads them; run() names the pointer array (it depends on GEMM2's
+  // form).
+  m.gemm1.gated = {nullptr, in, bias_ref(m.w.b13), m.map, c.activation, c.act};
 }
 
 CudaExperts::~CudaExperts() = default;
@@ -386,7 +387,10 @@ void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const Ten
   if (grouped1) {
     detail::launch_gather({pa, map, hidden.data, m.a1y, c.hidden, f}, stream);  // fills both GEMMs' arrays
     if (m.gated_ops[tactic.gemm1].run != nullptr) {
-      m.gated_ops[tactic.gemm1].run(m.gemm1, stream);
+      // GEMM2's act row pointers: its A operand, or its B operand when it runs swapped (A then holds w2).
+      detail::GroupedGemmArgs gemm1 = m.gemm1;
+      gemm1.gated.ptr_out = f.swap2 ? m.gemm2.ptr_b : m.gemm2.ptr_a;
+      m.gated_ops[tactic.gemm1].run(gemm1, stream);
     } else {
       m.ops[tactic.gemm1].run(m.gemm1, stream);
       detail::ActivationKernelParams ap{pa,           map,       m.c1, m.act, bias_ref(m.w.b13), c.intermediate,

@@ -43,7 +43,8 @@ struct BiasRef {
 };
 
 /// GEMM1 with the gated activation in its epilogue (w13 rows interleaved gate, up, ...): instead of D, each group
-/// writes act rows through out[g] (GEMM2's A pointers), adding b13 of the group's local expert.
+/// writes act rows through out[g] (the pointers GEMM2 reads act through: its A array, or its B array when GEMM2
+/// runs swapped), adding b13 of the group's local expert.
 struct GatedEpilogueArgs {
   const void* const* ptr_out = nullptr;  // [G] bf16* on the device
   int64_t ld_out = 0;                    // I

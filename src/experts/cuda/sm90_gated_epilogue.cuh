@@ -4,7 +4,7 @@
 // (TileM x TileN / 2 bf16) in shared memory and, after the tile's last subtile, copies them to act rows with 16-byte
 // stores, so the [rows, 2I] GEMM1 output and the separate activation pass disappear: the GEMM is built without a D
 // tensor (ElementD = void) and this node is the epilogue's only output. Group g writes through the per-group pointer
-// out[g] (GEMM2's A rows), with the group's local expert for the bias.
+// out[g] (the act rows GEMM2 reads), with the group's local expert for the bias.
 #pragma once
 
 #include "cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp"
