@@ -91,6 +91,8 @@ GroupedGemmOps sm90_grouped_gemm_gated_pingpong_64x256x64();
 // groups up with FillProblemsParams::swap1 / swap2.
 GroupedGemmOps sm90_grouped_gemm_swap_ab_cooperative_128x32x64();
 GroupedGemmOps sm90_grouped_gemm_swap_ab_cooperative_256x96x64();
+// Swapped, with the gated activation fused (interleaved w13).
+GroupedGemmOps sm90_grouped_gemm_gated_swap_ab_cooperative_128x32x64();
 
 /// Fills both GEMMs' problem shapes, pointers and strides for every group from the plan's counts and offsets:
 /// GEMM1 group g: M = count (0 for another rank's expert), N = 2I, K = H, A = a1 + off*H, B = w13[local], D = c1 +

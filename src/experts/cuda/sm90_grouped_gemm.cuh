@@ -24,13 +24,17 @@ namespace moekit::detail {
 /// What a grouped GEMM's groups multiply and store. plain: A = the plan's rows, B = weights, D row-major.
 /// gated: as plain, but no D: the epilogue applies the gated activation to interleaved gate/up column pairs and
 /// stores act rows (sm90_gated_epilogue.cuh). swap_ab: A = weights, B = the plan's rows and D column-major, i.e.
-/// out^T = W x^T, so that a few rows per expert fill a narrow N tile instead of a 64-row M tile.
-enum class GroupedForm { plain, gated, swap_ab };
+/// out^T = W x^T, so that a few rows per expert fill a narrow N tile instead of a 64-row M tile. swap_gated: as
+/// swap_ab, with gated's epilogue on interleaved gate/up row pairs (cooperative only).
+enum class GroupedForm { plain, gated, swap_ab, swap_gated };
 
 /// A tile configuration: CTA tile (M, N, K), the warp-specialized schedule and the form.
 template <int kTileM, int kTileN, int kTileK, bool kCooperative, GroupedForm kForm = GroupedForm::plain>
 struct Sm90GroupedGemm {
-  static constexpr bool kGated = kForm == GroupedForm::gated;
+  static constexpr bool kGated = kForm == GroupedForm::gated || kForm == GroupedForm::swap_gated;
+  static constexpr bool kSwapped = kForm == GroupedForm::swap_ab || kForm == GroupedForm::swap_gated;
+  static_assert(kForm != GroupedForm::swap_gated || kCooperative, "the swapped gated store assumes 256 threads");
+  // No D when gated: its layout only shapes the epilogue's unused staging types.
   using LayoutD = std::conditional_t<kForm == GroupedForm::swap_ab, GroupedLayoutDT, GroupedLayoutD>;
   using StrideD = std::conditional_t<kForm == GroupedForm::swap_ab, GroupedStrideDT, GroupedStrideD>;
   using ElementAB = cutlass::bfloat16_t;
@@ -44,11 +48,12 @@ struct Sm90GroupedGemm {
                                               cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
   static constexpr int kAlign = 8;  // 16 bytes of bf16
 
+  using GatedStore =
+      std::conditional_t<kSwapped, Sm90GatedActivationStoreSwapped<kTileM, kTileN, 256>,
+                         Sm90GatedActivationStore<kTileM, kTileN, kCooperative ? 256 : 128, kCooperative ? 1 : 2>>;
   using Fusion =
       std::conditional_t<kGated,
-                         cutlass::epilogue::fusion::Sm90EVT<
-                             Sm90GatedActivationStore<kTileM, kTileN, kCooperative ? 256 : 128, kCooperative ? 1 : 2>,
-                             cutlass::epilogue::fusion::Sm90AccFetch>,
+                         cutlass::epilogue::fusion::Sm90EVT<GatedStore, cutlass::epilogue::fusion::Sm90AccFetch>,
                          cutlass::epilogue::fusion::LinearCombination<cutlass::bfloat16_t, ElementAcc>>;
   using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
@@ -92,8 +97,7 @@ struct Sm90GroupedGemm {
     args.epilogue.dC = nullptr;
     // A group's tiles are walked with M fastest: plain, the row tiles of one weight tile in a row (the weight tile
     // comes from L2 after the first); swapped, the weights are on M, so N (the row tiles) goes fastest instead.
-    if constexpr (kForm == GroupedForm::swap_ab)
-      args.scheduler.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongN;
+    if constexpr (kSwapped) args.scheduler.raster_order = cutlass::gemm::kernel::detail::RasterOrderOptions::AlongN;
     args.hw_info.device_id = 0;
     args.hw_info.sm_count = a.sm_count;
     return args;
