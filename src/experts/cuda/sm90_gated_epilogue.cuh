@@ -72,50 +72,80 @@ struct GatedStoreBase {
   }
 };
 
-/// Plain form. kTileM x kTileN: the tile one epilogue (a consumer warpgroup, or both in the cooperative schedule)
-/// stores; kThreads its threads; kBuffers the staging buffers (the pingpong schedule's two consumers each have one).
-template <int kTileM, int kTileN, int kThreads, int kBuffers>
-struct Sm90GatedActivationStore : GatedStoreBase {
-  static constexpr int kCols = kTileN / 2;   // act outputs per tile row
-  static constexpr int kPitch = kCols + 8;   // bf16 per staged row: 16-byte rows, fewer bank conflicts
-  static constexpr int kChunks = kCols / 8;  // 16-byte chunks per row
+/// A tile's epilogue state, built per tile by both forms: where the thread's values lie in the tile, the tile's
+/// extent inside the problem, its act rows and staging buffer, and the copy-out after the tile's last subtile
+/// (kRows staged rows of kChunks 16-byte chunks, kPitch bf16 apart, copied by kThreads threads).
+template <class CTensor, class ThrResidue, int kRows, int kChunks, int kPitch, int kThreads>
+struct GatedTileCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStoreCallbacks {
+  CTensor tc;          // (CPY, CPY_M, CPY_N, EPI_M, EPI_N) coordinates relative to the thread's first element
+  ThrResidue residue;  // (M, N) minus the thread's first element's coordinates
+  int tile_m, tile_n;  // the thread's first element relative to the tile's origin
+  int rows, cols;      // act rows and act columns of the tile inside the problem
+  __nv_bfloat16* out;  // the tile's first act element of this group
+  __nv_bfloat16* stage;
+  int64_t bias_base;  // b13 index the form's visit() adds its tile offsets to
+  int thread_idx;
+  GatedEpilogueArgs const& params;
+
+  CUTLASS_DEVICE GatedTileCallbacks(CTensor tc, ThrResidue residue, int tile_m, int tile_n, int rows, int cols,
+                                    __nv_bfloat16* out, __nv_bfloat16* stage, int64_t bias_base, int thread_idx,
+                                    GatedEpilogueArgs const& params)
+      : tc(tc),
+        residue(residue),
+        tile_m(tile_m),
+        tile_n(tile_n),
+        rows(rows),
+        cols(cols),
+        out(out),
+        stage(stage),
+        bias_base(bias_base),
+        thread_idx(thread_idx),
+        params(params) {}
+
+  // After the tile's last subtile: every thread's values are staged; copy the rows inside the problem out in
+  // 16-byte chunks, then wait again so the next tile's values do not overwrite rows still being read.
+  template <class STensor, class SyncFn, class VTensor>
+  CUTLASS_DEVICE void reduce(STensor&&, SyncFn const& sync_fn, int, int, bool is_last_iteration, VTensor) {
+    if (!is_last_iteration) return;
+    sync_fn();
+    GatedStoreBase::copy_out<kRows, kChunks, kThreads>(out, params.ld_out, stage, kPitch, rows, cols, thread_idx);
+    sync_fn();
+  }
+};
+
+/// The node's state shared by both forms: its arguments and kBuffers staging buffers of kRows act rows with kCols
+/// values each (kPitch bf16 apart: 16-byte rows, fewer bank conflicts; kChunks 16-byte chunks of values).
+template <int kRows, int kCols, int kBuffers>
+struct GatedStaging : GatedStoreBase {
+  static constexpr int kPitch = kCols + 8;
+  static constexpr int kChunks = kCols / 8;
   struct SharedStorage {
-    alignas(16) __nv_bfloat16 act[kBuffers][kTileM * kPitch];
+    alignas(16) __nv_bfloat16 act[kBuffers][kRows * kPitch];
   };
 
-  CUTLASS_HOST_DEVICE Sm90GatedActivationStore() {}
-  CUTLASS_HOST_DEVICE Sm90GatedActivationStore(Params const& params, SharedStorage const& storage)
+  CUTLASS_HOST_DEVICE GatedStaging() {}
+  CUTLASS_HOST_DEVICE GatedStaging(Params const& params, SharedStorage const& storage)
       : params(params), storage(const_cast<SharedStorage*>(&storage)) {}
 
   Params params;
   SharedStorage* storage = nullptr;
+};
+
+/// Plain form. kTileM x kTileN: the tile one epilogue (a consumer warpgroup, or both in the cooperative schedule)
+/// stores, kTileN / 2 act values per row; kThreads its threads; kBuffers the staging buffers (the pingpong
+/// schedule's two consumers each have one).
+template <int kTileM, int kTileN, int kThreads, int kBuffers>
+struct Sm90GatedActivationStore : GatedStaging<kTileM, kTileN / 2, kBuffers> {
+  using Staging = GatedStaging<kTileM, kTileN / 2, kBuffers>;
+  using Staging::kChunks, Staging::kPitch, Staging::params, Staging::storage, typename Staging::Params;
+  using Staging::Staging;
+  static constexpr int kCols = kTileN / 2;
 
   template <class CTensor, class ThrResidue>
-  struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStoreCallbacks {
-    CTensor tc;          // (CPY, CPY_M, CPY_N, EPI_M, EPI_N) coordinates relative to the thread's first element
-    ThrResidue residue;  // (M, N) minus the thread's first element's coordinates
-    int tile_m, tile_n;  // the thread's first element relative to the tile's origin
-    int rows, cols;      // rows and act columns of the tile inside the problem
-    __nv_bfloat16* out;  // the tile's first act element (row m0, column n0 / 2) of this group
-    __nv_bfloat16* stage;
-    int64_t bias_base;  // b13 index of the thread's first column
-    int thread_idx;
-    Params const& params;
-
-    CUTLASS_DEVICE ConsumerStoreCallbacks(CTensor tc, ThrResidue residue, int tile_m, int tile_n, int rows, int cols,
-                                          __nv_bfloat16* out, __nv_bfloat16* stage, int64_t bias_base, int thread_idx,
-                                          Params const& params)
-        : tc(tc),
-          residue(residue),
-          tile_m(tile_m),
-          tile_n(tile_n),
-          rows(rows),
-          cols(cols),
-          out(out),
-          stage(stage),
-          bias_base(bias_base),
-          thread_idx(thread_idx),
-          params(params) {}
+  struct ConsumerStoreCallbacks : GatedTileCallbacks<CTensor, ThrResidue, kTileM, kChunks, kPitch, kThreads> {
+    using Base = GatedTileCallbacks<CTensor, ThrResidue, kTileM, kChunks, kPitch, kThreads>;
+    using Base::Base;
+    using Base::bias_base, Base::params, Base::residue, Base::stage, Base::tc, Base::tile_m, Base::tile_n;
 
     // A fragment holds groups of four accumulators: (row r, columns 2c and 2c + 1) and (row r + 8, the same
     // columns), i.e. output c of rows r and r + 8, and lane ^ 1 holds output c ^ 1 of the same rows (the wgmma
@@ -133,8 +163,8 @@ struct Sm90GatedActivationStore : GatedStoreBase {
         const auto c1 = tc_mn(epi_v * FragmentSize + i + 2);  // row r + 8, the same columns
         // Columns past N (a partial tile) are computed and staged but never copied out; their bias is not read.
         const bool in_n = cute::get<1>(c0) < cute::get<1>(residue);
-        const float2 b =
-            in_n ? bias_pair(params.bias, bias_base + static_cast<int>(cute::get<1>(c0))) : make_float2(0.0f, 0.0f);
+        const float2 b = in_n ? GatedStoreBase::bias_pair(params.bias, bias_base + static_cast<int>(cute::get<1>(c0)))
+                              : make_float2(0.0f, 0.0f);
         const float v0 = gated_activation(params.activation, params.act, static_cast<float>(frg_input[i]) + b.x,
                                           static_cast<float>(frg_input[i + 1]) + b.y);
         const float v1 = gated_activation(params.activation, params.act, static_cast<float>(frg_input[i + 2]) + b.x,
@@ -147,16 +177,6 @@ struct Sm90GatedActivationStore : GatedStoreBase {
             odd ? __floats2bfloat162_rn(other, v1) : __floats2bfloat162_rn(v0, other);
       }
       return frg_input;
-    }
-
-    // After the tile's last subtile: every thread's values are staged; copy the rows inside the problem out in
-    // 16-byte chunks, then wait again so the next tile's values do not overwrite rows still being read.
-    template <class STensor, class SyncFn, class VTensor>
-    CUTLASS_DEVICE void reduce(STensor&&, SyncFn const& sync_fn, int, int, bool is_last_iteration, VTensor) {
-      if (!is_last_iteration) return;
-      sync_fn();
-      copy_out<kTileM, kChunks, kThreads>(out, params.ld_out, stage, kPitch, rows, cols, thread_idx);
-      sync_fn();
     }
   };
 
@@ -184,47 +204,17 @@ struct Sm90GatedActivationStore : GatedStoreBase {
 /// Swapped form (cooperative schedule, kThreads = 256): the kTileM weight rows of a tile are kTileM / 2 act columns,
 /// its kTileN plan rows are act rows; staged transposed, [kTileN][kTileM / 2].
 template <int kTileM, int kTileN, int kThreads>
-struct Sm90GatedActivationStoreSwapped : GatedStoreBase {
-  static constexpr int kCols = kTileM / 2;   // act outputs per plan row
-  static constexpr int kPitch = kCols + 8;   // bf16 per staged row: 16-byte rows, fewer bank conflicts
-  static constexpr int kChunks = kCols / 8;  // 16-byte chunks per row
-  struct SharedStorage {
-    alignas(16) __nv_bfloat16 act[kTileN * kPitch];
-  };
-
-  CUTLASS_HOST_DEVICE Sm90GatedActivationStoreSwapped() {}
-  CUTLASS_HOST_DEVICE Sm90GatedActivationStoreSwapped(Params const& params, SharedStorage const& storage)
-      : params(params), storage(const_cast<SharedStorage*>(&storage)) {}
-
-  Params params;
-  SharedStorage* storage = nullptr;
+struct Sm90GatedActivationStoreSwapped : GatedStaging<kTileN, kTileM / 2, 1> {
+  using Staging = GatedStaging<kTileN, kTileM / 2, 1>;
+  using Staging::kChunks, Staging::kPitch, Staging::params, Staging::storage, typename Staging::Params;
+  using Staging::Staging;
+  static constexpr int kCols = kTileM / 2;
 
   template <class CTensor, class ThrResidue>
-  struct ConsumerStoreCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStoreCallbacks {
-    CTensor tc;          // (CPY, CPY_M, CPY_N, EPI_M, EPI_N) coordinates relative to the thread's first element
-    ThrResidue residue;  // (M, N) minus the thread's first element's coordinates
-    int tile_m, tile_n;  // the thread's first element relative to the tile's origin
-    int rows, cols;      // plan rows and act columns of the tile inside the problem
-    __nv_bfloat16* out;  // the tile's first act element (plan row n0, column m0 / 2) of this group
-    __nv_bfloat16* stage;
-    int64_t bias_base;  // b13 index of the tile's first weight row
-    int thread_idx;
-    Params const& params;
-
-    CUTLASS_DEVICE ConsumerStoreCallbacks(CTensor tc, ThrResidue residue, int tile_m, int tile_n, int rows, int cols,
-                                          __nv_bfloat16* out, __nv_bfloat16* stage, int64_t bias_base, int thread_idx,
-                                          Params const& params)
-        : tc(tc),
-          residue(residue),
-          tile_m(tile_m),
-          tile_n(tile_n),
-          rows(rows),
-          cols(cols),
-          out(out),
-          stage(stage),
-          bias_base(bias_base),
-          thread_idx(thread_idx),
-          params(params) {}
+  struct ConsumerStoreCallbacks : GatedTileCallbacks<CTensor, ThrResidue, kTileN, kChunks, kPitch, kThreads> {
+    using Base = GatedTileCallbacks<CTensor, ThrResidue, kTileN, kChunks, kPitch, kThreads>;
+    using Base::Base;
+    using Base::bias_base, Base::params, Base::residue, Base::stage, Base::tc, Base::tile_m, Base::tile_n;
 
     // A fragment holds groups of four accumulators: (weight row r, plan rows 2c and 2c + 1) and (row r + 8, the same
     // plan rows), and lane ^ 4 holds rows r ^ 1 and (r + 8) ^ 1 of the same plan rows (the wgmma accumulator
@@ -248,7 +238,7 @@ struct Sm90GatedActivationStoreSwapped : GatedStoreBase {
         const int m = tile_m + static_cast<int>(cute::get<0>(c)) - (up ? 1 : 0);  // the gate row, in the tile
         // Rows past M (a partial tile) are computed and staged but never copied out; their bias is not read.
         const bool in_m = cute::get<0>(c) < cute::get<0>(residue);
-        const float2 b = in_m ? bias_pair(params.bias, bias_base + m) : make_float2(0.0f, 0.0f);
+        const float2 b = in_m ? GatedStoreBase::bias_pair(params.bias, bias_base + m) : make_float2(0.0f, 0.0f);
         const float a0 = gated_activation(params.activation, params.act, g0 + b.x, u0 + b.y);
         const float a1 = gated_activation(params.activation, params.act, g1 + b.x, u1 + b.y);
         const int n = tile_n + static_cast<int>(cute::get<1>(c));
@@ -256,16 +246,6 @@ struct Sm90GatedActivationStoreSwapped : GatedStoreBase {
         stage[(n + 1) * kPitch + m / 2] = __float2bfloat16_rn(a1);
       }
       return frg_input;
-    }
-
-    // After the tile's last subtile: copy the staged plan rows inside the problem out, then wait again so the next
-    // tile's values do not overwrite rows still being read.
-    template <class STensor, class SyncFn, class VTensor>
-    CUTLASS_DEVICE void reduce(STensor&&, SyncFn const& sync_fn, int, int, bool is_last_iteration, VTensor) {
-      if (!is_last_iteration) return;
-      sync_fn();
-      copy_out<kTileN, kChunks, kThreads>(out, params.ld_out, stage, kPitch, rows, cols, thread_idx);
-      sync_fn();
     }
   };
 
@@ -284,7 +264,7 @@ struct Sm90GatedActivationStoreSwapped : GatedStoreBase {
     const int64_t bias_base = static_cast<int64_t>(local < 0 ? 0 : local) * M + m0;
     return ConsumerStoreCallbacks<decltype(args.tCcD), decltype(args.residue_tCcD)>(
         args.tCcD, args.residue_tCcD, first_m - m0, first_n - n0, min(kTileN, static_cast<int>(N) - n0),
-        min(kCols, (static_cast<int>(M) - m0) / 2), out, storage->act, bias_base, args.thread_idx, params);
+        min(kCols, (static_cast<int>(M) - m0) / 2), out, storage->act[0], bias_base, args.thread_idx, params);
   }
 };
 
