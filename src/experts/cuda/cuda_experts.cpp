@@ -362,20 +362,18 @@ void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const Ten
   check_tactic(tactic.gemm2, "gemm2");
   if (t == 0) return;
 
-  detail::PlanArrays pa{pv.topk_ids,
-                        pv.topk_weights,
-                        pv.expert_counts,
-                        pv.expert_offsets,
-                        pv.sorted_slots,
-                        pv.slot_rows,
-                        pv.block_experts,
-                        pv.extent,
-                        t,
-                        ps.slots(),
-                        ps.groups(),
-                        ps.block,
-                        0};
-  pa.capacity = plan_capacity(t, c.num_experts, c.top_k, c.num_shared_experts, ps.block);
+  const detail::PlanArrays pa{.topk_ids = pv.topk_ids,
+                              .topk_weights = pv.topk_weights,
+                              .expert_counts = pv.expert_counts,
+                              .expert_offsets = pv.expert_offsets,
+                              .sorted_slots = pv.sorted_slots,
+                              .slot_rows = pv.slot_rows,
+                              .block_experts = pv.block_experts,
+                              .tokens = t,
+                              .slots = ps.slots(),
+                              .groups = ps.groups(),
+                              .block = ps.block,
+                              .capacity = plan_capacity(t, c.num_experts, c.top_k, c.num_shared_experts, ps.block)};
   const detail::ExpertMap& map = m.map;
   const bool grouped1 = kTactics[tactic.gemm1].kind == GemmKernelKind::grouped;
   const bool grouped2 = kTactics[tactic.gemm2].kind == GemmKernelKind::grouped;

@@ -28,7 +28,6 @@ struct PlanArrays {
   const int32_t* sorted_slots = nullptr;    // [cap]
   const int32_t* slot_rows = nullptr;       // [T, Kt]
   const int32_t* block_experts = nullptr;   // [cap/B]
-  const int32_t* extent = nullptr;          // [2]
   int64_t tokens = 0;                       // T
   int slots = 0;                            // Kt = K + S
   int groups = 0;                           // G = E + S
