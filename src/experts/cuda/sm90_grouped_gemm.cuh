@@ -48,9 +48,7 @@ struct Sm90GroupedGemm {
                                               cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
   static constexpr int kAlign = 8;  // 16 bytes of bf16
 
-  using GatedStore =
-      std::conditional_t<kSwapped, Sm90GatedActivationStoreSwapped<kTileM, kTileN, 256>,
-                         Sm90GatedActivationStore<kTileM, kTileN, kCooperative ? 256 : 128, kCooperative ? 1 : 2>>;
+  using GatedStore = Sm90GatedStore<kTileM, kTileN, kCooperative ? 256 : 128, kCooperative ? 1 : 2, kSwapped>;
   using Fusion =
       std::conditional_t<kGated,
                          cutlass::epilogue::fusion::Sm90EVT<GatedStore, cutlass::epilogue::fusion::Sm90AccFetch>,
