@@ -30,7 +30,9 @@ void build_plan_reference(int64_t tokens, RoutePlanView& plan) {
   int32_t* counts = plan.expert_counts;    // [G] int32
   int32_t* offsets = plan.expert_offsets;  // [G+1] int32
 
-  std::fill(counts, counts + groups, 0);
+  // groups >= 1 (shape.validate()); an unsigned count keeps GCC 13 from warning of a negative one.
+  const auto group_count = static_cast<uint32_t>(groups);
+  std::fill_n(counts, group_count, 0);
   for (int64_t s = 0; s < total; ++s) {
     const int32_t e = ids[s];
     if (e < 0 || e >= groups)
@@ -43,7 +45,7 @@ void build_plan_reference(int64_t tokens, RoutePlanView& plan) {
     offsets[e + 1] = offsets[e] + static_cast<int32_t>((counts[e] + block - 1) / block * block);
 
   // Place the slots, using counts as each expert's fill cursor: they end where they started.
-  std::fill(counts, counts + groups, 0);
+  std::fill_n(counts, group_count, 0);
   for (int64_t s = 0; s < total; ++s) {
     const int32_t e = ids[s];
     const int32_t row = offsets[e] + counts[e]++;

@@ -83,13 +83,15 @@ CacheFile parse_cache(const fs::path& p, const std::string& text) {
     bad_file(p, fmt::format("has format_version ({}), which must be {} (written by another moekit version)", version,
                             kFormatVersion));
   CacheFile file;
-  const json& meta = member(p, j, "metadata", "the top level");
+  // Copies (a cache file is a few KB): a reference bound to member()'s result with a literal's temporary string
+  // among its arguments trips GCC 13's -Wdangling-reference.
+  const json meta = member(p, j, "metadata", "the top level");
   if (!meta.is_object()) bad_file(p, "is not a valid tuning cache: metadata must be an object");
   file.metadata.library_version = get_string(p, meta, "library_version", "metadata");
   file.metadata.device_name = get_string(p, meta, "device_name", "metadata");
   file.metadata.sm_count = static_cast<int>(get_int(p, meta, "sm_count", "metadata"));
   file.metadata.cuda_version = static_cast<int>(get_int(p, meta, "cuda_version", "metadata"));
-  const json& entries = member(p, j, "entries", "the top level");
+  const json entries = member(p, j, "entries", "the top level");
   if (!entries.is_object()) bad_file(p, "is not a valid tuning cache: entries must be an object");
   for (const auto& [key, v] : entries.items()) {
     const std::string where = fmt::format("entry '{}'", key);
