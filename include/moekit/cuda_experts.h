@@ -3,8 +3,8 @@
 //   grouped path: gather of hidden rows into plan order, beside which one CTA fills the problem shapes + pointer
 //                 arrays on the device from the plan -> GEMM1 (CUTLASS sm90 ptr-array grouped GEMM, TMA + wgmma) ->
 //                 bias + gated activation -> GEMM2 (grouped) -> deterministic fp32 combine; with interleaved gate/up
-//                 rows, GEMM1 on the pingpong 64x256 and swapped 32x128 tactics applies bias + activation in its
-//                 epilogue and writes only the I act columns;
+//                 rows, GEMM1 on the cooperative 128x256, pingpong 64x256 and swapped 32x128 tactics applies
+//                 bias + activation in its epilogue and writes only the I act columns;
 //   decode path:  a memory-bound kernel streaming the weights of each plan block with 16-byte loads (GEMM1 with
 //                 bias + activation fused, then GEMM2), then the same combine.
 // GEMM1 and GEMM2 each pick a kernel from cuda_expert_gemm_tactics(); a deterministic heuristic picks by default.

@@ -293,11 +293,10 @@ TEST(CudaExperts, ActivationsLayoutsBiases) {
   }
 }
 
-// Interleaved w13 on tactics 4 and 5 (GEMM1 with the gated activation in its epilogue, plain and swapped) and on
-// tactic 3 (GEMM1, then the activation pass): every activation, fp32 / bf16 / no b13, a fused shared expert, ragged
-// rows per expert (1 to 1000 tokens), 4-byte aligned biases, a rank holding 3 of 8 routed experts (groups of other
-// ranks' experts are empty, the bias index is the local expert's), and both gated GEMM1s before every GEMM2
-// tactic.
+// Interleaved w13 on tactics 3, 4 and 5 (GEMM1 with the gated activation in its epilogue: cooperative 128x256,
+// pingpong 64x256 and swapped 32x128): every activation, fp32 / bf16 / no b13, a fused shared expert, ragged rows
+// per expert (1 to 1000 tokens), 4-byte aligned biases, a rank holding 3 of 8 routed experts (groups of other
+// ranks' experts are empty, the bias index is the local expert's), and each gated GEMM1 before every GEMM2 tactic.
 TEST(CudaExperts, GatedEpilogue) {
   MOEKIT_REQUIRE_SM90();
   uint32_t salt = 370;
@@ -330,10 +329,10 @@ TEST(CudaExperts, GatedEpilogue) {
     c.tactic = {gemm1, gemm1};
     check_case(c, salt++);
   }
-  // Both gated GEMM1s before every GEMM2: the GEMV, the plain grouped tiles and the swapped ones, whose act rows
+  // Every gated GEMM1 before every GEMM2: the GEMV, the plain grouped tiles and the swapped ones, whose act rows
   // are their B operand (their A operand is w2, which the epilogue must not write).
   const int n = static_cast<int>(cuda_expert_gemm_tactics().size());
-  for (int gemm1 : {4, 5}) {
+  for (int gemm1 : {3, 4, 5}) {
     for (int gemm2 = 0; gemm2 < n; ++gemm2) {
       Case c;
       c.cfg = reduced(find_preset("gpt-oss-120b").experts);

@@ -42,11 +42,12 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGroupedOps{
     &detail::sm90_grouped_gemm_swap_ab_cooperative_256x96x64};
 // GEMM1 with the gated activation in its epilogue, where a tile exists in that form: used instead of the tactic's
 // GEMM1 + activation pass when w13 is interleaved (gate and up rows of an output side by side in one tile). The
-// pingpong 64x256 tile has one (one consumer's epilogue overlaps the other's main loop; the cooperative 128x256
-// tile with the fused epilogue ran 1.17x slower than its GEMM1 + activation pass, gpt-oss T = 16384, H200), and
-// so has the swapped 32x128 tile, whose epilogue holds at most 32 plan rows (experts graph time against GEMM1 +
-// the pass, H200: gpt-oss T = 64 / 256 / 512 0.993 / 0.981 / 0.980, qwen3 with interleaved w13 T = 16 / 64 / 256
-// 0.974 / 0.979 / 0.982). The swapped 96x256 tile in that form was mixed (gpt-oss T = 2560 1.013, qwen3 T = 1280
+// pingpong 64x256 tile has one (one consumer's epilogue overlaps the other's main loop), so has the swapped 32x128
+// tile, whose epilogue holds at most 32 plan rows (experts graph time against GEMM1 + the pass, H200: gpt-oss T =
+// 64 / 256 / 512 0.993 / 0.981 / 0.980, qwen3 with interleaved w13 T = 16 / 64 / 256 0.974 / 0.979 / 0.982), and so
+// has the cooperative 128x256 tile, since its act staging sits in the void-D epilogue's unused D staging and its
+// main loop keeps four stages (with its own staging it had three and ran 1.17x slower than GEMM1 + the pass at
+// gpt-oss T = 16384; now, against that pass, gpt-oss T = 16384 0.975, qwen3 with interleaved w13 T = 16384 0.967). The swapped 96x256 tile in that form was mixed (gpt-oss T = 2560 1.013, qwen3 T = 1280
 // 0.993, qwen3-next T = 4096 0.990) and is not built.
 // Gate-first / up-first w13 keep GEMM1 + the pass: pairing their gate and up rows in GEMM1's tiles with a 3D TMA
 // view ran 1.1-2.2x slower (docs/benchmarks.md, "Twelfth session"); rearrange_gate_up() interleaves them instead.
@@ -54,7 +55,7 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
     nullptr,
     nullptr,
     nullptr,
-    nullptr,
+    &detail::sm90_grouped_gemm_gated_cooperative_128x256x64,
     &detail::sm90_grouped_gemm_gated_pingpong_64x256x64,
     &detail::sm90_grouped_gemm_gated_swap_ab_cooperative_128x32x64,
     nullptr};

@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm<kRows, kPairs, kHoistX
           const float g = acc0[j][r] + (kHoistX ? bias0[j] : load_bias(p.b13, bias_row + c0));
           const float u = acc1[j][r] + (kHoistX ? bias1[j] : load_bias(p.b13, bias_row + c1));
           static_cast<__nv_bfloat16*>(p.out)[row * p.n_out + pair] =
-              __float2bfloat16_rn(gated_activation(p.activation, p.act_params, g, u));
+              __float2bfloat16_rn(gated_activation(gated_activation_form(p.activation, p.act_params), g, u));
         } else {
           reinterpret_cast<__nv_bfloat162*>(static_cast<__nv_bfloat16*>(p.out) + row * p.n_out)[pair] =
               __floats2bfloat162_rn(acc0[j][r], acc1[j][r]);

@@ -121,21 +121,37 @@ __device__ __forceinline__ float sigmoid_fast(float x) {
   return __fdividef(1.0f, 1.0f + __expf(-x));
 }
 
-__device__ __forceinline__ float gated_activation(Activation a, const ActivationParams& p, float gate, float up) {
-  switch (a) {
-    case Activation::silu_gated:
-      return gate * sigmoid_fast(gate) * up;
-    case Activation::swiglu_clamped: {
-      const float g = fminf(gate, p.limit);
-      const float u = fminf(fmaxf(up, -p.limit), p.limit);
-      return g * sigmoid_fast(p.alpha * g) * (u + p.beta);
-    }
-    case Activation::gelu_gated: {
-      const float inner = 0.7978845608028654f * (gate + 0.044715f * gate * gate * gate);
-      return 0.5f * gate * (1.0f + tanhf(inner)) * up;
-    }
+/// The three gated activations as one branch-free formula: g sigmoid(g (slope + cubic min(g^2, 1e4))) (u + beta),
+/// where swiglu_clamped first clamps g <= limit and u to [-limit, limit]. silu_gated is slope 1; swiglu_clamped
+/// slope alpha and its beta; gelu_gated's tanh form 0.5 g (1 + tanh z), z = sqrt(2/pi) (g + 0.044715 g^3), is
+/// g sigmoid(2z): slope 2 sqrt(2/pi), cubic 2 sqrt(2/pi) 0.044715. Kernels that unroll it many times (the fused
+/// gated epilogue: 64 values per thread and tile) then carry one copy of the arithmetic, not three behind a switch,
+/// which overflowed the instruction cache. min(g^2, 1e4) keeps 0 * g^2 finite; the cubic term matters only where
+/// |g| < 100, beyond which the sigmoid has saturated either way.
+struct GatedActivation {
+  float slope = 1.0f, cubic = 0.0f, beta = 0.0f, limit = 0.0f;
+  bool clamped = false;
+};
+
+__host__ __device__ inline GatedActivation gated_activation_form(Activation a, const ActivationParams& p) {
+  constexpr float kTwoSqrt2OverPi = 1.5957691216057308f;
+  GatedActivation f;
+  if (a == Activation::swiglu_clamped) {
+    f.slope = p.alpha;
+    f.beta = p.beta;
+    f.limit = p.limit;
+    f.clamped = true;
+  } else if (a == Activation::gelu_gated) {
+    f.slope = kTwoSqrt2OverPi;
+    f.cubic = kTwoSqrt2OverPi * 0.044715f;
   }
-  return 0.0f;
+  return f;
+}
+
+__device__ __forceinline__ float gated_activation(const GatedActivation& f, float gate, float up) {
+  const float g = f.clamped ? fminf(gate, f.limit) : gate;
+  const float u = f.clamped ? fminf(fmaxf(up, -f.limit), f.limit) : up;
+  return g * sigmoid_fast(g * fmaf(f.cubic, fminf(g * g, 1e4f), f.slope)) * (u + f.beta);
 }
 
 }  // namespace moekit::detail

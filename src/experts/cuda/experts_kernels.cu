@@ -104,13 +104,14 @@ struct GateUp8 {
     float x[16];
 #pragma unroll
     for (int j = 0; j < 8; ++j) x[j] = va.v[j] + bias_a[j], x[8 + j] = vb.v[j] + bias_b[j];
+    const GatedActivation form = gated_activation_form(p.activation, p.act_params);
     float r[8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
       // interleaved: gate(i0 + j) and up(i0 + j) are columns 2j and 2j + 1 of the 16; else j and 8 + j.
       const float g = interleaved ? x[2 * j] : x[j];
       const float u = interleaved ? x[2 * j + 1] : x[8 + j];
-      r[j] = gated_activation(p.activation, p.act_params, g, u);
+      r[j] = gated_activation(form, g, u);
     }
     store_bf16x8(out, r);
   }

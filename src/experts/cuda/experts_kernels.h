@@ -86,6 +86,7 @@ GroupedGemmOps sm90_grouped_gemm_cooperative_128x256x64();
 GroupedGemmOps sm90_grouped_gemm_pingpong_64x256x64();
 // GEMM1 with the gated activation fused (GatedEpilogueArgs), for interleaved w13.
 GroupedGemmOps sm90_grouped_gemm_gated_pingpong_64x256x64();
+GroupedGemmOps sm90_grouped_gemm_gated_cooperative_128x256x64();
 // Swapped operands (A = weights [N, K], B = the plan's rows, D column-major): the fill kernel sets such a GEMM's
 // groups up with FillProblemsParams::swap1 / swap2.
 GroupedGemmOps sm90_grouped_gemm_swap_ab_cooperative_128x32x64();

@@ -2,7 +2,9 @@
 // is gate(i), row 2i + 1 up(i)). Plain form: GEMM1's accumulator columns 2i and 2i + 1 of a row are gate(i) and
 // up(i), and each thread of the epilogue holds such a pair in adjacent registers. Swapped form (out^T = W x^T):
 // accumulator rows 2i and 2i + 1 of a column are the pair, held by lanes l and l ^ 4. The node adds b13 and applies
-// the activation in registers, stages the tile's act values in shared memory and, after the tile's last subtile,
+// the activation in registers (b13's slice for the tile is staged in shared memory when the epilogue begins: one
+// load per thread and tile, not one per value), stages the tile's act values in shared memory and, after the tile's
+// last subtile,
 // copies them to act rows with 16-byte stores, so the [rows, 2I] GEMM1 output and the separate activation pass
 // disappear: the GEMM is built without a D tensor (ElementD = void) and this node is the epilogue's only output.
 // Group g writes through the per-group pointer out[g] (the act rows GEMM2 reads), with the group's local expert for
@@ -14,7 +16,7 @@
 
 namespace moekit::detail {
 
-/// What both forms share: arguments, no workspace, no producer loads, the bias pair lookup and the copy-out.
+/// What both forms share: arguments, no workspace, no producer loads and the bias load.
 struct GatedStoreBase {
   using ElementAux = cutlass::bfloat16_t;  // sizes the void-D epilogue's (unused) staging types
   using Arguments = GatedEpilogueArgs;
@@ -47,28 +49,10 @@ struct GatedStoreBase {
     return cutlass::epilogue::fusion::detail::EmptyProducerLoadCallbacks{};
   }
 
-  /// b13[index], b13[index + 1] (index even) through the read-only path; 0 without a bias.
-  static CUTLASS_DEVICE float2 bias_pair(const BiasRef& b, int64_t index) {
-    if (b.data == nullptr) return make_float2(0.0f, 0.0f);
-    if (b.is_bf16) {  // 4-byte aligned: b13 is, and index is even
-      const __nv_bfloat162 v = __ldg(reinterpret_cast<const __nv_bfloat162*>(b.data) + index / 2);
-      return __bfloat1622float2(v);
-    }
-    const float* f = static_cast<const float*>(b.data) + index;
-    if (reinterpret_cast<uintptr_t>(f) % 8 == 0) return __ldg(reinterpret_cast<const float2*>(f));
-    return make_float2(__ldg(f), __ldg(f + 1));
-  }
-
-  /// Copies `rows` staged act rows of `cols` values (multiples of 8 from 16-byte aligned bases) to out, row pitch
-  /// ld, in 16-byte chunks; kThreads threads, `pitch` bf16 per staged row, kChunks chunks per staged row.
-  template <int kRows, int kChunks, int kThreads>
-  static CUTLASS_DEVICE void copy_out(__nv_bfloat16* out, int64_t ld, const __nv_bfloat16* stage, int pitch, int rows,
-                                      int cols, int thread_idx) {
-    for (int k = thread_idx; k < kRows * kChunks; k += kThreads) {
-      const int r = k / kChunks, c = (k % kChunks) * 8;
-      if (r < rows && c < cols)
-        *reinterpret_cast<uint4*>(out + r * ld + c) = *reinterpret_cast<const uint4*>(stage + r * pitch + c);
-    }
+  /// b13[index] through the read-only path (any alignment).
+  static CUTLASS_DEVICE float bias_value(const BiasRef& b, int64_t index) {
+    return b.is_bf16 ? __bfloat162float(__ldg(static_cast<const __nv_bfloat16*>(b.data) + index))
+                     : __ldg(static_cast<const float*>(b.data) + index);
   }
 };
 
@@ -80,21 +64,16 @@ struct PairAcrossColumns {
   template <class Callbacks, class Fragment, class Coords>
   static CUTLASS_DEVICE void stage(Callbacks& cb, Fragment const& frg, int i, Coords const& c0, Coords const& c1) {
     const bool odd = (threadIdx.x & 1) != 0;
-    // Columns past N (a partial tile) are computed and staged but never copied out; their bias is not read.
-    const bool in_n = cute::get<1>(c0) < cute::get<1>(cb.residue);
-    const float2 b =
-        in_n ? GatedStoreBase::bias_pair(cb.params.bias, cb.bias_base + static_cast<int>(cute::get<1>(c0)))
-             : make_float2(0.0f, 0.0f);
-    const auto& p = cb.params;
+    const float2 b = cb.bias_pair(cb.tile_n + static_cast<int>(cute::get<1>(c0)));
     const float v0 =
-        gated_activation(p.activation, p.act, static_cast<float>(frg[i]) + b.x, static_cast<float>(frg[i + 1]) + b.y);
-    const float v1 = gated_activation(p.activation, p.act, static_cast<float>(frg[i + 2]) + b.x,
-                                      static_cast<float>(frg[i + 3]) + b.y);
+        gated_activation(cb.form, static_cast<float>(frg[i]) + b.x, static_cast<float>(frg[i + 1]) + b.y);
+    const float v1 =
+        gated_activation(cb.form, static_cast<float>(frg[i + 2]) + b.x, static_cast<float>(frg[i + 3]) + b.y);
     const float other = __shfl_xor_sync(0xffffffffu, odd ? v0 : v1, 1);
     const auto c = odd ? c1 : c0;
     const int m = cb.tile_m + static_cast<int>(cute::get<0>(c));
     const int col = (cb.tile_n + static_cast<int>(cute::get<1>(c))) / 2 - (odd ? 1 : 0);
-    *reinterpret_cast<__nv_bfloat162*>(cb.stage + m * Callbacks::kPitch + col) =
+    *reinterpret_cast<__nv_bfloat162*>(cb.stage + Callbacks::staged(m, col)) =
         odd ? __floats2bfloat162_rn(other, v1) : __floats2bfloat162_rn(v0, other);
   }
 };
@@ -115,49 +94,69 @@ struct PairAcrossRows {
     const float g0 = up ? r0 : v0, g1 = up ? r1 : v1, u0 = up ? v2 : r0, u1 = up ? v3 : r1;
     const auto c = up ? c1 : c0;                                                 // the lane's own row of the pair
     const int m = cb.tile_m + static_cast<int>(cute::get<0>(c)) - (up ? 1 : 0);  // the gate row, in the tile
-    // Rows past M (a partial tile) are computed and staged but never copied out; their bias is not read.
-    const bool in_m = cute::get<0>(c) < cute::get<0>(cb.residue);
-    const float2 b = in_m ? GatedStoreBase::bias_pair(cb.params.bias, cb.bias_base + m) : make_float2(0.0f, 0.0f);
-    const auto& p = cb.params;
-    const float a0 = gated_activation(p.activation, p.act, g0 + b.x, u0 + b.y);
-    const float a1 = gated_activation(p.activation, p.act, g1 + b.x, u1 + b.y);
+    const float2 b = cb.bias_pair(m);
+    const float a0 = gated_activation(cb.form, g0 + b.x, u0 + b.y);
+    const float a1 = gated_activation(cb.form, g1 + b.x, u1 + b.y);
     const int n = cb.tile_n + static_cast<int>(cute::get<1>(c));
-    cb.stage[n * Callbacks::kPitch + m / 2] = __float2bfloat16_rn(a0);
-    cb.stage[(n + 1) * Callbacks::kPitch + m / 2] = __float2bfloat16_rn(a1);
+    cb.stage[Callbacks::staged(n, m / 2)] = __float2bfloat16_rn(a0);
+    cb.stage[Callbacks::staged(n + 1, m / 2)] = __float2bfloat16_rn(a1);
   }
 };
 
 /// A tile's epilogue state: where the thread's values lie in the tile, the tile's extent inside the problem, its
-/// act rows and staging buffer; visit() stages each group of four accumulators through the form's Pairing, and
-/// reduce() copies the tile out after its last subtile (kRows staged rows of kChunks 16-byte chunks, kPitch bf16
-/// apart, copied by kThreads threads).
-template <class CTensor, class ThrResidue, class Pairing, int kRows, int kChunks, int kPitch_, int kThreads>
+/// act rows, staging buffer and staged bias; begin() stages the tile's kBiasLength b13 values (0 past the problem),
+/// visit() stages each group of four accumulators through the form's Pairing, and reduce() copies the tile out
+/// after its last subtile (kRows staged rows of kCols values, copied by kThreads threads in 16-byte chunks).
+template <class CTensor, class Pairing, int kRows, int kCols, int kBiasLength, int kThreads>
 struct GatedTileCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStoreCallbacks {
-  static constexpr int kPitch = kPitch_;
+  static_assert(kCols % 64 == 0, "the staging swizzle permutes eight 16-byte chunks");
+  static constexpr int kChunks = kCols / 8;
+  /// Where act value (row, col) is staged: rows of kCols values, the 16-byte chunks of row r permuted by r % 8, so
+  /// that the eight rows a warp's stores and copies touch at once fall in different banks.
+  static CUTLASS_DEVICE int staged(int row, int col) {
+    return row * kCols + ((((col >> 3) ^ row) & 7) | (col >> 3 & ~7)) * 8 + (col & 7);
+  }
   CTensor tc;          // (CPY, CPY_M, CPY_N, EPI_M, EPI_N) coordinates relative to the thread's first element
-  ThrResidue residue;  // (M, N) minus the thread's first element's coordinates
   int tile_m, tile_n;  // the thread's first element relative to the tile's origin
   int rows, cols;      // act rows and act columns of the tile inside the problem
   __nv_bfloat16* out;  // the tile's first act element of this group
   __nv_bfloat16* stage;
-  int64_t bias_base;  // b13 index the pairing adds its tile offsets to
+  float* bias;  // kBiasLength b13 values from bias_base, bias_count of them inside the problem
+  int64_t bias_base;
+  int bias_count;
   int thread_idx;
   GatedEpilogueArgs const& params;
+  GatedActivation form;
 
-  CUTLASS_DEVICE GatedTileCallbacks(CTensor tc, ThrResidue residue, int tile_m, int tile_n, int rows, int cols,
-                                    __nv_bfloat16* out, __nv_bfloat16* stage, int64_t bias_base, int thread_idx,
-                                    GatedEpilogueArgs const& params)
+  CUTLASS_DEVICE GatedTileCallbacks(CTensor tc, int tile_m, int tile_n, int rows, int cols, __nv_bfloat16* out,
+                                    __nv_bfloat16* stage, float* bias, int64_t bias_base, int bias_count,
+                                    int thread_idx, GatedEpilogueArgs const& params)
       : tc(tc),
-        residue(residue),
         tile_m(tile_m),
         tile_n(tile_n),
         rows(rows),
         cols(cols),
         out(out),
         stage(stage),
+        bias(bias),
         bias_base(bias_base),
+        bias_count(bias_count),
         thread_idx(thread_idx),
-        params(params) {}
+        params(params),
+        form(gated_activation_form(params.activation, params.act)) {}
+
+  // Before the tile's first subtile; CUTLASS synchronizes the epilogue's threads after it when asked to.
+  CUTLASS_DEVICE void begin() {
+    if (params.bias.data == nullptr) return;
+    for (int k = thread_idx; k < kBiasLength; k += kThreads)
+      bias[k] = k < bias_count ? GatedStoreBase::bias_value(params.bias, bias_base + k) : 0.0f;
+  }
+  CUTLASS_DEVICE bool begin_sync_needed() const { return params.bias.data != nullptr; }
+
+  /// The staged bias of the pair at tile index i (even; columns of the tile, or weight rows when swapped).
+  CUTLASS_DEVICE float2 bias_pair(int i) const {
+    return params.bias.data != nullptr ? *reinterpret_cast<const float2*>(bias + i) : make_float2(0.0f, 0.0f);
+  }
 
   template <class ElementAccumulator, class ElementInput, int FragmentSize>
   CUTLASS_DEVICE auto visit(cutlass::Array<ElementAccumulator, FragmentSize> const&, int epi_v, int epi_m, int epi_n,
@@ -176,7 +175,12 @@ struct GatedTileCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStor
   CUTLASS_DEVICE void reduce(STensor&&, SyncFn const& sync_fn, int, int, bool is_last_iteration, VTensor) {
     if (!is_last_iteration) return;
     sync_fn();
-    GatedStoreBase::copy_out<kRows, kChunks, kThreads>(out, params.ld_out, stage, kPitch, rows, cols, thread_idx);
+    for (int k = thread_idx; k < kRows * kChunks; k += kThreads) {
+      const int r = k / kChunks, c = (k % kChunks) * 8;
+      if (r < rows && c < cols)
+        *reinterpret_cast<uint4*>(out + r * params.ld_out + c) =
+            *reinterpret_cast<const uint4*>(stage + staged(r, c));
+    }
     sync_fn();
   }
 };
@@ -185,20 +189,30 @@ struct GatedTileCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStor
 /// schedule) of kThreads threads, with kBuffers staging buffers (the pingpong schedule's two consumers each have
 /// one). Plain form: kTileM act rows of kTileN / 2 values. Swapped form (out^T = W x^T, cooperative): the kTileM
 /// weight rows are kTileM / 2 act columns and the kTileN plan rows are act rows, staged transposed. Each buffer holds
-/// kRows act rows of kCols values, kPitch bf16 apart (16-byte rows, fewer bank conflicts; kChunks 16-byte chunks).
-template <int kTileM, int kTileN, int kThreads, int kBuffers, bool kSwapped>
+/// kRows act rows of kCols values (GatedTileCallbacks::staged()).
+///
+/// The buffers begin kBorrowBytes before the node's own storage, in the epilogue's D staging: an epilogue without D
+/// (ElementD = void) still reserves it, sized by ElementAux, and never touches it. Sm90GroupedGemm checks that the
+/// collective's storage of exactly kBorrowBytes lies right before this node's. Without the loan the cooperative
+/// 128x256 tile's main loop has three stages instead of four.
+template <int kTileM, int kTileN, int kThreads, int kBuffers, bool kSwapped, int kBorrowBytes>
 struct Sm90GatedStore : GatedStoreBase {
-  static_assert(!kSwapped || (kThreads == 256 && kBuffers == 1), "the swapped form is cooperative");
+  static_assert(!kSwapped || kBuffers == 1, "the swapped form is cooperative");
   static constexpr int kRows = kSwapped ? kTileN : kTileM;
   static constexpr int kCols = kSwapped ? kTileM / 2 : kTileN / 2;
-  static constexpr int kPitch = kCols + 8;
-  static constexpr int kChunks = kCols / 8;
+  static constexpr int kBufferElements = kRows * kCols;
+  static constexpr int kBiasLength = kSwapped ? kTileM : kTileN;  // b13 values per tile: along the weight rows
+  static constexpr int kStagingBytes = kBuffers * kBufferElements * static_cast<int>(sizeof(__nv_bfloat16));
+  static_assert(kBorrowBytes % 16 == 0, "the staging buffers are copied out in 16-byte chunks");
+  // At least 16 bytes of its own, so that the storage is never empty when the loan covers all buffers.
+  static constexpr int kOwnBytes = kStagingBytes > kBorrowBytes + 16 ? kStagingBytes - kBorrowBytes : 16;
   using Pairing = std::conditional_t<kSwapped, PairAcrossRows, PairAcrossColumns>;
   struct SharedStorage {
-    alignas(16) __nv_bfloat16 act[kBuffers][kRows * kPitch];
+    alignas(16) unsigned char bytes[kOwnBytes];  // first: the staging buffers continue the loan here
+    alignas(16) float bias[kBuffers][kBiasLength];
   };
-  template <class CTensor, class ThrResidue>
-  using ConsumerStoreCallbacks = GatedTileCallbacks<CTensor, ThrResidue, Pairing, kRows, kChunks, kPitch, kThreads>;
+  template <class CTensor>
+  using ConsumerStoreCallbacks = GatedTileCallbacks<CTensor, Pairing, kRows, kCols, kBiasLength, kThreads>;
 
   CUTLASS_HOST_DEVICE Sm90GatedStore() {}
   CUTLASS_HOST_DEVICE Sm90GatedStore(Params const& params, SharedStorage const& storage)
@@ -225,12 +239,16 @@ struct Sm90GatedStore : GatedStoreBase {
     const int rows = kSwapped ? min(kTileN, static_cast<int>(N) - n0) : min(kTileM, static_cast<int>(M) - m0);
     const int cols =
         kSwapped ? min(kCols, (static_cast<int>(M) - m0) / 2) : min(kCols, (static_cast<int>(N) - n0) / 2);
-    const int64_t bias_base = kSwapped ? expert * M + m0 : expert * N + first_n;
+    const int64_t bias_base = kSwapped ? expert * M + m0 : expert * N + n0;
+    const int bias_count = kSwapped ? static_cast<int>(M) - m0 : static_cast<int>(N) - n0;
     const int buffer = kBuffers == 1 ? 0 : static_cast<int>(threadIdx.x) / kThreads - 1;  // consumer warpgroup
-    return ConsumerStoreCallbacks<decltype(args.tCcD), decltype(args.residue_tCcD)>(
-        args.tCcD, args.residue_tCcD, first_m - m0, first_n - n0, rows, cols,
-        act + static_cast<int64_t>(act_row) * params.ld_out + act_col, storage->act[buffer], bias_base,
-        args.thread_idx, params);
+    // The loan starts kBorrowBytes before this node's storage, outside its C++ object: address arithmetic.
+    auto* staging = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<uintptr_t>(storage) - kBorrowBytes) +
+                    buffer * kBufferElements;
+    return ConsumerStoreCallbacks<decltype(args.tCcD)>(args.tCcD, first_m - m0, first_n - n0, rows, cols,
+                                                       act + static_cast<int64_t>(act_row) * params.ld_out + act_col,
+                                                       staging, storage->bias[buffer], bias_base, bias_count,
+                                                       args.thread_idx, params);
   }
 };
 

@@ -33,7 +33,6 @@ template <int kTileM, int kTileN, int kTileK, bool kCooperative, GroupedForm kFo
 struct Sm90GroupedGemm {
   static constexpr bool kGated = kForm == GroupedForm::gated || kForm == GroupedForm::swap_gated;
   static constexpr bool kSwapped = kForm == GroupedForm::swap_ab || kForm == GroupedForm::swap_gated;
-  static_assert(kForm != GroupedForm::swap_gated || kCooperative, "the swapped gated store assumes 256 threads");
   // No D when gated: its layout only shapes the epilogue's unused staging types.
   using LayoutD = std::conditional_t<kForm == GroupedForm::swap_ab, GroupedLayoutDT, GroupedLayoutD>;
   using StrideD = std::conditional_t<kForm == GroupedForm::swap_ab, GroupedStrideDT, GroupedStrideD>;
@@ -48,15 +47,33 @@ struct Sm90GroupedGemm {
                                               cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong>;
   static constexpr int kAlign = 8;  // 16 bytes of bf16
 
-  using GatedStore = Sm90GatedStore<kTileM, kTileN, kCooperative ? 256 : 128, kCooperative ? 1 : 2, kSwapped>;
-  using Fusion =
-      std::conditional_t<kGated,
-                         cutlass::epilogue::fusion::Sm90EVT<GatedStore, cutlass::epilogue::fusion::Sm90AccFetch>,
-                         cutlass::epilogue::fusion::LinearCombination<cutlass::bfloat16_t, ElementAcc>>;
-  using CollectiveEpilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+  template <class D, class FusionOp>
+  using EpilogueFor = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, ElementAcc, void, LayoutD*, kAlign, ElementD,
-      LayoutD*, kAlign, EpilogueSchedule, Fusion>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, ElementAcc, void, LayoutD*, kAlign, D, LayoutD*,
+      kAlign, EpilogueSchedule, FusionOp>::CollectiveOp;
+  template <class Epilogue>
+  using CollectiveStorageOf = typename Epilogue::TensorStorage::CollectiveStorage;
+  using PlainFusion = cutlass::epilogue::fusion::LinearCombination<cutlass::bfloat16_t, ElementAcc>;
+  // The D staging of this tile's epilogue with a bf16 D: the gated (void-D) epilogue reserves the same, unused, and
+  // the gated store's buffers begin there.
+  static constexpr int kDStagingBytes =
+      static_cast<int>(sizeof(CollectiveStorageOf<EpilogueFor<cutlass::bfloat16_t, PlainFusion>>));
+  using GatedStore =
+      Sm90GatedStore<kTileM, kTileN, kCooperative ? 256 : 128, kCooperative ? 1 : 2, kSwapped, kDStagingBytes>;
+  using Fusion = std::conditional_t<
+      kGated, cutlass::epilogue::fusion::Sm90EVT<GatedStore, cutlass::epilogue::fusion::Sm90AccFetch>, PlainFusion>;
+  using CollectiveEpilogue = EpilogueFor<ElementD, Fusion>;
+  // The loan's layout: the epilogue's tensor storage is the collective's (the D staging, kDStagingBytes) followed
+  // directly by the fusion's, which is the gated store's alone (the accumulator fetch has none).
+  template <class Epilogue>
+  static constexpr bool lends_d_staging() {
+    using Tensors = typename Epilogue::TensorStorage;
+    return sizeof(CollectiveStorageOf<Epilogue>) == kDStagingBytes && offsetof(Tensors, thread) == kDStagingBytes &&
+           sizeof(typename Tensors::FusionStorage) == sizeof(typename GatedStore::SharedStorage);
+  }
+  static_assert(!kGated || lends_d_staging<CollectiveEpilogue>(),
+                "the gated store's buffers must begin in the epilogue's unused D staging");
 
   using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, GroupedLayoutA*, kAlign, ElementAB,
@@ -67,6 +84,9 @@ struct Sm90GroupedGemm {
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<GroupedProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
+  // CUTLASS's stage count leaves the kernel's own few hundred bytes of shared memory out; check the total.
+  static_assert(sizeof(typename Kernel::SharedStorage) <= cutlass::gemm::collective::detail::sm90_smem_capacity_bytes,
+                "the kernel's shared storage exceeds what a CTA may have");
 
   static_assert(std::is_same_v<typename Kernel::InternalStrideA, GroupedStrideA>);
   static_assert(std::is_same_v<typename Kernel::InternalStrideB, GroupedStrideB>);
