@@ -587,7 +587,9 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
     int64_t tokens;
     const char* tactic;  // GEMM1's, and GEMM2's unless gemm2 is set
     const char* gemm2 = nullptr;
+    GateUpLayout gate_up = GateUpLayout::gate_first;  // interleaved: the preset with w13 interleaved at load time
   };
+  constexpr GateUpLayout interleaved = GateUpLayout::interleaved;
   const Pick picks[] = {
       // Decode without shared experts: at most 3/4 of a routed row per expert (4 T K <= 3 E).
       {"mixtral-8x7b", 1, gemv},
@@ -630,6 +632,12 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"mixtral-8x7b", 1024, large, small},  // 256 rows
       {"mixtral-8x7b", 1276, large, small},  // 319 rows
       {"mixtral-8x7b", 1277, small},         // 320 rows
+      // Interleaved w13 (GEMM1's fused gated epilogue): 64x256 for both GEMMs at 224-319 rows.
+      {"mixtral-8x7b", 444, large, nullptr, interleaved},   // 111 rows
+      {"mixtral-8x7b", 893, small, nullptr, interleaved},   // 224 rows
+      {"mixtral-8x7b", 1276, small, nullptr, interleaved},  // 319 rows
+      {"mixtral-8x7b", 1277, small, nullptr, interleaved},  // 320 rows
+      {"gpt-oss-120b", 8192, small},                        // 256 rows: not a few large experts
       {"mixtral-8x7b", 12284, small},        // 3071 rows
       {"mixtral-8x7b", 12285, large},        // 3072 rows
       // The others, deepseek-v3's 256 large experts too: 64x256 up to 256 routed rows per expert, 128x256 above.
@@ -655,7 +663,9 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
   };
   const std::span<const GemmTacticInfo> tactics = cuda_expert_gemm_tactics();
   for (const Pick& p : picks) {
-    const ExpertTactic t = cuda_expert_default_tactic(find_preset(p.preset).experts, p.tokens);
+    ExpertConfig cfg = find_preset(p.preset).experts;
+    if (p.gate_up == GateUpLayout::interleaved) cfg.gate_up = p.gate_up;
+    const ExpertTactic t = cuda_expert_default_tactic(cfg, p.tokens);
     ASSERT_TRUE(t.gemm1 >= 0 && t.gemm1 < static_cast<int>(tactics.size())) << p.preset << " T=" << p.tokens;
     ASSERT_TRUE(t.gemm2 >= 0 && t.gemm2 < static_cast<int>(tactics.size())) << p.preset << " T=" << p.tokens;
     EXPECT_EQ(tactics[t.gemm1].name, p.tactic) << p.preset << " T=" << p.tokens;
