@@ -4,11 +4,10 @@
 // accumulator rows 2i and 2i + 1 of a column are the pair, held by lanes l and l ^ 4. The node adds b13 and applies
 // the activation in registers (b13's slice for the tile is staged in shared memory when the epilogue begins: one
 // load per thread and tile, not one per value), stages the tile's act values in shared memory and, after the tile's
-// last subtile,
-// copies them to act rows with 16-byte stores, so the [rows, 2I] GEMM1 output and the separate activation pass
-// disappear: the GEMM is built without a D tensor (ElementD = void) and this node is the epilogue's only output.
-// Group g writes through the per-group pointer out[g] (the act rows GEMM2 reads), with the group's local expert for
-// the bias.
+// last subtile, copies them to act rows with 16-byte stores, so the [rows, 2I] GEMM1 output and the separate
+// activation pass disappear: the GEMM is built without a D tensor (ElementD = void) and this node is the epilogue's
+// only output. Group g writes through the per-group pointer out[g] (the act rows GEMM2 reads), with the group's local
+// expert for the bias.
 #pragma once
 
 #include "cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp"
