@@ -56,8 +56,9 @@ struct ExpertTactic {
 
 /// The tactic the default heuristic picks for `config` at T tokens: a table keyed on the expected rows per active
 /// expert, T, the size of one expert's GEMM1 weights, the number of routed experts, the routed rows per expert
-/// (T * top_k / num_experts) and the number of shared experts. Deterministic, needs no device (the tuner asks before
-/// anything is built); every field >= 0.
+/// (T * top_k / num_experts), the number of shared experts and whether w13 is interleaved (GEMM1 then applies the
+/// gated activation in its epilogue). Deterministic, needs no device (the tuner asks before anything is built);
+/// every field >= 0.
 ExpertTactic cuda_expert_default_tactic(const ExpertConfig& config, int64_t tokens);
 
 struct CudaExpertsArgs {
