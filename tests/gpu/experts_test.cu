@@ -632,14 +632,14 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"mixtral-8x7b", 1024, large, small},  // 256 rows
       {"mixtral-8x7b", 1276, large, small},  // 319 rows
       {"mixtral-8x7b", 1277, small},         // 320 rows
+      {"mixtral-8x7b", 12284, small},        // 3071 rows
+      {"mixtral-8x7b", 12285, large},        // 3072 rows
       // Interleaved w13 (GEMM1's fused gated epilogue): 64x256 for both GEMMs at 224-319 rows.
       {"mixtral-8x7b", 444, large, nullptr, interleaved},   // 111 rows
       {"mixtral-8x7b", 893, small, nullptr, interleaved},   // 224 rows
       {"mixtral-8x7b", 1276, small, nullptr, interleaved},  // 319 rows
       {"mixtral-8x7b", 1277, small, nullptr, interleaved},  // 320 rows
       {"gpt-oss-120b", 8192, small},                        // 256 rows: not a few large experts
-      {"mixtral-8x7b", 12284, small},        // 3071 rows
-      {"mixtral-8x7b", 12285, large},        // 3072 rows
       // The others, deepseek-v3's 256 large experts too: 64x256 up to 256 routed rows per expert, 128x256 above.
       {"deepseek-v3", 1024, small},     // 32 rows (the shared expert's 1024 do not count)
       {"deepseek-v3", 4096, small},     // 128 rows

@@ -47,8 +47,9 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGroupedOps{
 // 64 / 256 / 512 0.993 / 0.981 / 0.980, qwen3 with interleaved w13 T = 16 / 64 / 256 0.974 / 0.979 / 0.982), and so
 // has the cooperative 128x256 tile, since its act staging sits in the void-D epilogue's unused D staging and its
 // main loop keeps four stages (with its own staging it had three and ran 1.17x slower than GEMM1 + the pass at
-// gpt-oss T = 16384; now, against that pass, gpt-oss T = 16384 0.975, qwen3 with interleaved w13 T = 16384 0.967). The swapped 96x256 tile in that form was mixed (gpt-oss T = 2560 1.013, qwen3 T = 1280
-// 0.993, qwen3-next T = 4096 0.990) and is not built.
+// gpt-oss T = 16384; now, against that pass, gpt-oss T = 16384 0.975, qwen3 with interleaved w13 T = 16384 0.967).
+// The swapped 96x256 tile in that form was mixed (gpt-oss T = 2560 1.013, qwen3 T = 1280 0.993, qwen3-next T = 4096
+// 0.990) and is not built.
 // Gate-first / up-first w13 keep GEMM1 + the pass: pairing their gate and up rows in GEMM1's tiles with a 3D TMA
 // view ran 1.1-2.2x slower (docs/benchmarks.md, "Twelfth session"); rearrange_gate_up() interleaves them instead.
 constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
