@@ -1,10 +1,11 @@
 // The autotuner (DESIGN §6): picks a (GEMM1, GEMM2) tactic pair per token bucket, by timing only when asked.
 // Staged search: rank GEMM1 tactics alone (with the default GEMM2), GEMM2 tactics alone (with the default GEMM1),
-// keep the top 2 of each, then time the 2x2 pairs end to end: n1 + n2 + 4 timings instead of n1 * n2. Winners live
-// in an in-memory cache and a persisted JSON cache (atomic write under a lock file, merged with what is on disk,
-// invalidated by a metadata mismatch). Without an entry, the runner's deterministic default heuristic picks, for
-// each T; so it does where the winner is the default pair at the T the bucket was timed at (the search confirmed
-// the heuristic, whose thresholds need not fall on bucket edges).
+// keep the top 2 of each, then time the 2x2 pairs and the default pair end to end in three alternating rounds:
+// n1 + n2 + 15 timings instead of n1 * n2, and a pair replaces the default only where it is more than 1% faster
+// (medians over the rounds). Winners live in an in-memory cache and a persisted JSON cache (atomic write under a
+// lock file, merged with what is on disk, invalidated by a metadata mismatch). Without an entry, the runner's
+// deterministic default heuristic picks, for each T; so it does where the winner is the default pair at the T the
+// bucket was timed at (the search confirmed the heuristic, whose thresholds need not fall on bucket edges).
 #pragma once
 
 #include <cstdint>
@@ -104,7 +105,7 @@ std::string tuning_key(const Runner& runner, const LayerSpec& spec, int64_t toke
 /// What tune() does with keys that already have a cache entry.
 enum class TuneMode : uint8_t {
   skip_cached,       // keys with a valid entry are not timed again (the default)
-  retime_shortlist,  // keys with a valid entry re-time only their stored shortlist pairs (at most 4 timings)
+  retime_shortlist,  // keys with a valid entry re-time only their stored shortlist pairs and the default pair
   full,              // every key gets the full staged search
 };
 
@@ -166,9 +167,14 @@ class Autotuner {
   /// Tunes the buckets of `tokens` (duplicates of a bucket are tuned once) with the staged search and stores the
   /// winners in memory (persist them with save()). Calling this is the explicit request to tune. For each bucket it
   /// times at min(bucket, runner.max_tokens()) tokens through runner.time_tactics(). With n1 GEMM1 and n2 GEMM2
-  /// tactics it makes n1 + n2 + 4 timings when n1, n2 >= 2; a stage with a single tactic has nothing to rank and
-  /// is skipped, and the final pairs are min(2, n1) * min(2, n2). Throws InvalidArgument when something must be timed
-  /// and the runner is not built, or for token counts out of range, and what the runner throws.
+  /// tactics (n1, n2 >= 2) it makes n1 + n2 timings in the two stages, then times the 4 shortlist pairs and the
+  /// default pair (when it is not one of them) once each in 3 rounds: n1 + n2 + 15 timings, or n1 + n2 + 12. A
+  /// stage with a single tactic has nothing to rank and is skipped, and the shortlist pairs are min(2, n1) *
+  /// min(2, n2); a single final candidate (n1 = n2 = 1) is timed once. The winner is the candidate with the
+  /// smallest median over the rounds (the earlier one on ties); a pair other than the default wins only where its
+  /// median is more than 1% below the default's, and the entry records both medians. Throws InvalidArgument when
+  /// something must be timed and the runner is not built, or for token counts out of range, and what the runner
+  /// throws.
   std::vector<TuneResult> tune(Runner& runner, const LayerSpec& spec, std::span<const int64_t> tokens,
                                const TuneOptions& options = {});
 

@@ -20,11 +20,14 @@ class TuneProgress {
   using Clock = std::function<double()>;  // seconds since any fixed origin
 
   /// `style` detect resolves to bar when `stream` (nullptr = stderr) is a terminal, else lines. `total` is the
-  /// number of timings the run will make. `clock` defaults to a steady clock (tests inject one).
+  /// number of timings the run plans (an upper bound: see drop_planned()). `clock` defaults to a steady clock (tests
+  /// inject one).
   TuneProgress(ProgressStyle style, std::FILE* stream, std::string label, int64_t total, Clock clock = {});
 
   /// One timing finished while tuning `bucket`.
   void timed(int64_t bucket);
+  /// `n` planned timings will not be made (a bucket needed fewer than its plan's upper bound).
+  void drop_planned(int64_t n) { total_ -= n; }
   /// A bucket finished (tuned or taken from the cache).
   void bucket_done(const TuneResult& result, const std::string& gemm1, const std::string& gemm2);
   /// Ends the bar's line. Called by the destructor too.

@@ -1,7 +1,9 @@
 // The autotuner's search and in-memory cache. Staged search per token bucket: time every GEMM1 tactic with the
-// default GEMM2, every GEMM2 tactic with the default GEMM1, keep the 2 fastest of each, time the (at most) 4 pairs
-// end to end and keep the fastest (ties: the earlier pair, so results are deterministic for equal costs). A stage
-// with a single tactic has nothing to rank and is skipped. Persistence lives in tuning_cache.cpp.
+// default GEMM2, every GEMM2 tactic with the default GEMM1, keep the 2 fastest of each, then time the (at most) 4
+// pairs and the default pair end to end in alternating rounds and keep the fastest by its median over the rounds
+// (ties: the earlier candidate, so results are deterministic for equal costs), unless it beats the default by less
+// than kMinGain. A stage with a single tactic has nothing to rank and is skipped. Persistence lives in
+// tuning_cache.cpp.
 #include "moekit/tuner.h"
 
 #include <fmt/format.h>
@@ -67,8 +69,31 @@ std::optional<Resolved> resolve(const Runner& runner, const TuningEntry& e) {
   return Resolved{{*g1, *g2}, *s1, *s2};
 }
 
+// The final stage times its candidates in kFinalRounds rounds, each candidate once per round in turn, so that a
+// clock or temperature drift during the search falls on all of them alike, and ranks them by their medians. A pair
+// other than the default must beat the default's median by more than kMinGain: a tuned entry should be a measured
+// gain, not a draw inside the spread of repeated timings. (Before, the default's time came from stage 1 and the
+// pairs' from later timings. On an H200, `bench moe --tuned` replayed one pair at two moments of a run 0.96-1.01x
+// apart, and tuned choices other than the default at 0.95-1.01x the default's time.)
+constexpr int kFinalRounds = 3;
+constexpr double kMinGain = 0.01;
+
+// Final-stage candidates: the shortlist pairs, then the default unless it is one of them.
+std::vector<TacticPair> final_candidates(const std::vector<int>& s1, const std::vector<int>& s2, TacticPair def) {
+  std::vector<TacticPair> c;
+  for (int a : s1)
+    for (int b : s2) c.push_back({a, b});
+  if (std::find(c.begin(), c.end(), def) == c.end()) c.push_back(def);
+  return c;
+}
+
+int final_timings(size_t candidates) {
+  return static_cast<int>(candidates) * (candidates > 1 ? kFinalRounds : 1);
+}
+
+// At most: the default may be on the shortlist (TuneProgress::drop_planned() takes back what was not timed).
 int staged_timings(int n1, int n2) {
-  return (n1 > 1 ? n1 : 0) + (n2 > 1 ? n2 : 0) + std::min(n1, 2) * std::min(n2, 2);
+  return (n1 > 1 ? n1 : 0) + (n2 > 1 ? n2 : 0) + final_timings(std::min(n1, 2) * std::min(n2, 2) + 1);
 }
 
 thread_local const TuneOptions* g_active_scope = nullptr;
@@ -152,7 +177,7 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
     if (!job.cached)
       job.planned = staged_timings(n1, n2);
     else if (options.mode == TuneMode::retime_shortlist)
-      job.planned = static_cast<int>(job.cached->shortlist1.size() * job.cached->shortlist2.size());
+      job.planned = final_timings(job.cached->shortlist1.size() * job.cached->shortlist2.size() + 1);
     total += job.planned;
     jobs.push_back(std::move(job));
   }
@@ -172,22 +197,28 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
       progress.timed(r.bucket);
       return s;
     };
-    // Times every pair of the shortlists and keeps the fastest (the first on ties).
-    auto final_stage = [&](const std::vector<int>& s1, const std::vector<int>& s2, TacticPair def,
-                           std::optional<double>& default_seconds) {
-      double best = 0;
-      bool first = true;
-      for (int a : s1)
-        for (int b : s2) {
-          const double s = time({a, b});
-          if (TacticPair{a, b} == def && !default_seconds) default_seconds = s;
-          if (first || s < best) {
-            best = s;
-            r.best = {a, b};
-            first = false;
-          }
-        }
-      return best;
+    // The final stage: the shortlist pairs and the default in alternating rounds; stores the winner in r.best and
+    // its median and the default's in e (see kFinalRounds and kMinGain).
+    auto final_stage = [&](const std::vector<int>& s1, const std::vector<int>& s2, TacticPair def, TuningEntry& e) {
+      const std::vector<TacticPair> candidates = final_candidates(s1, s2, def);
+      const int rounds = final_timings(candidates.size()) / static_cast<int>(candidates.size());
+      std::vector<std::vector<double>> times(candidates.size());
+      for (int round = 0; round < rounds; ++round)
+        for (size_t c = 0; c < candidates.size(); ++c) times[c].push_back(time(candidates[c]));
+      std::vector<double> medians;
+      for (std::vector<double>& t : times) {
+        std::sort(t.begin(), t.end());
+        medians.push_back(t[t.size() / 2]);
+      }
+      size_t best = 0;
+      for (size_t c = 1; c < candidates.size(); ++c)
+        if (medians[c] < medians[best]) best = c;
+      const size_t d = static_cast<size_t>(std::find(candidates.begin(), candidates.end(), def) - candidates.begin());
+      if (medians[best] >= (1.0 - kMinGain) * medians[d]) best = d;
+      r.best = candidates[best];
+      e.seconds = medians[best];
+      e.default_seconds = medians[d];
+      progress.drop_planned(job.planned - r.timed_configs);
     };
 
     if (job.cached && options.mode == TuneMode::skip_cached) {
@@ -195,39 +226,22 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
       r.from_cache = true;
     } else if (job.cached) {  // retime_shortlist: the stored shortlist, rebuilt from names
       TuningEntry& e = r.entry;
-      std::optional<double> default_seconds;
-      const TacticPair def = runner.default_tactics(at);
-      e.seconds = final_stage(job.cached->shortlist1, job.cached->shortlist2, def, default_seconds);
-      if (default_seconds) e.default_seconds = *default_seconds;
+      final_stage(job.cached->shortlist1, job.cached->shortlist2, runner.default_tactics(at), e);
       e.gemm1 = tactics1[r.best.gemm1].name;
       e.gemm2 = tactics2[r.best.gemm2].name;
       e.tokens = at;
       insert(r.key, e);
     } else {
       const TacticPair def = runner.default_tactics(at);
-      std::optional<double> default_seconds;
       std::vector<double> t1(n1, 0.0), t2(n2, 0.0);
       if (n1 > 1)
-        for (int i = 0; i < n1; ++i) {
-          t1[i] = time({i, def.gemm2});
-          if (i == def.gemm1) default_seconds = t1[i];
-        }
+        for (int i = 0; i < n1; ++i) t1[i] = time({i, def.gemm2});
       if (n2 > 1)
-        for (int j = 0; j < n2; ++j) {
-          t2[j] = time({def.gemm1, j});
-          if (j == def.gemm2 && !default_seconds) default_seconds = t2[j];
-        }
+        for (int j = 0; j < n2; ++j) t2[j] = time({def.gemm1, j});
       const std::vector<int> s1 = fastest_two(t1), s2 = fastest_two(t2);
       TuningEntry& e = r.entry;
       e = TuningEntry{};
-      e.seconds = final_stage(s1, s2, def, default_seconds);
-      // When costs do not compose, all four shortlist pairs can lose to the default pair timed in a stage: keep
-      // the default then, so a tuned choice is never slower than the default it replaces (as measured).
-      if (default_seconds && *default_seconds < e.seconds) {
-        r.best = def;
-        e.seconds = *default_seconds;
-      }
-      e.default_seconds = default_seconds.value_or(0.0);
+      final_stage(s1, s2, def, e);
       e.gemm1 = tactics1[r.best.gemm1].name;
       e.gemm2 = tactics2[r.best.gemm2].name;
       e.gemm1_shortlist = names_of(tactics1, s1);
