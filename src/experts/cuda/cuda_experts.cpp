@@ -98,7 +98,10 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
 // 68-84 rows, but 1.105-1.124 at 88-92 rows, where the hottest expert needs a second 96-row tile, and a skewed
 // router reaches that sooner. Measured with skew (bench moe --logit-skew S): with the hottest expert at 67-88 rows
 // (S = 0.25 / 0.5) the band's T = 224 / 240 / 256 ran 0.927-0.961 of the old tiles' time, with it at 98-115 rows
-// (S = 1, 1.75-1.8x the mean) 1.052-1.123.
+// (S = 1, 1.75-1.8x the mean) 1.052-1.123. Likewise at 224-288 rows, where three 96-row tiles hold an expert that
+// needs three 128-row tiles above 256 rows: swapped 96x256 for both GEMMs ran 0.934 / 0.987 of the default at mixtral
+// T = 1024 / 1152 with uniform routing, but 1.037 at T = 1024 with S = 0.5 (hottest expert 361 rows) and 1.111 at
+// T = 896 ("Thirty-third session"); not taken.
 constexpr int64_t kAny = INT64_MAX;
 struct HeuristicRule {
   int64_t min_rows = 0, max_rows = kAny, max_tokens = kAny, min_weights = 0, max_weights = kAny;
