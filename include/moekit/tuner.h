@@ -80,8 +80,8 @@ struct TuningEntry {
   std::string gemm2;
   std::vector<std::string> gemm1_shortlist;
   std::vector<std::string> gemm2_shortlist;
-  double seconds = 0;          // the winner's end-to-end time
-  double default_seconds = 0;  // the default pair's end-to-end time at `tokens`, for comparison
+  double seconds = 0;          // the winner's end-to-end time (its median over the final stage's rounds)
+  double default_seconds = 0;  // the default pair's, timed in the same rounds at `tokens`, for comparison
   int64_t tokens = 0;          // token count that was timed (the bucket, capped at the runner's max_tokens)
   friend bool operator==(const TuningEntry&, const TuningEntry&) = default;
 };
