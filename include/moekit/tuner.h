@@ -172,9 +172,12 @@ class Autotuner {
   /// stage with a single tactic has nothing to rank and is skipped, and the shortlist pairs are min(2, n1) *
   /// min(2, n2); a single final candidate (n1 = n2 = 1) is timed once. The winner is the candidate with the
   /// smallest median over the rounds (the earlier one on ties); a pair other than the default wins only where its
-  /// median is more than 1% below the default's, and the entry records both medians. Throws InvalidArgument when
-  /// something must be timed and the runner is not built, or for token counts out of range, and what the runner
-  /// throws.
+  /// median is more than 1% below the default's, and the entry records both medians. The timings run on the
+  /// runner's own synthetic inputs (Runner::time_tactics()); cuda_bf16's logits are uniform random, so its routing is
+  /// near-uniform, and a pair that wins there can lose under skewed routing (mixtral-8x7b at T = 1024: swapped
+  /// 96x256 tiles 6.6% faster with uniform routing, 3.7% slower with the hottest expert at 1.4x the mean rows;
+  /// docs/benchmarks.md, "Thirty-third session"). Throws InvalidArgument when something must be timed and the
+  /// runner is not built, or for token counts out of range, and what the runner throws.
   std::vector<TuneResult> tune(Runner& runner, const LayerSpec& spec, std::span<const int64_t> tokens,
                                const TuneOptions& options = {});
 
