@@ -267,8 +267,8 @@ TEST(StagedTuning, APairReplacesTheDefaultOnlyWhenMoreThanOnePercentFaster) {
 }
 
 // Timings that drift by 0.1% per call (clocks, temperature) must not turn a tie into a tuned entry: the default is
-// timed in the same rounds as the shortlist pairs. (Compared with a default timed in stage 1, the final pairs timed
-// 7-10 calls later would look 0.7-1% faster or slower by the drift alone.)
+// timed in the same rounds as the shortlist pairs. (Against a default timed first in stage 1, the final pairs, timed
+// 6-9 calls later, would look 0.6-0.9% faster or slower by the drift alone.)
 TEST(StagedTuning, ADriftDuringTheSearchDoesNotReplaceTheDefaultWithAnEqualPair) {
   for (double drift : {-1e-3, 1e-3}) {
     int calls = 0;
