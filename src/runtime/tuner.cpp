@@ -87,8 +87,13 @@ std::vector<TacticPair> final_candidates(const std::vector<int>& s1, const std::
   return c;
 }
 
+// One candidate (the default alone) has nothing to be compared with: one timing.
+int final_rounds(size_t candidates) {
+  return candidates > 1 ? kFinalRounds : 1;
+}
+
 int final_timings(size_t candidates) {
-  return static_cast<int>(candidates) * (candidates > 1 ? kFinalRounds : 1);
+  return static_cast<int>(candidates) * final_rounds(candidates);
 }
 
 // At most: the default may be on the shortlist (TuneProgress::drop_planned() takes back what was not timed).
@@ -201,9 +206,8 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
     // its median and the default's in e (see kFinalRounds and kMinGain).
     auto final_stage = [&](const std::vector<int>& s1, const std::vector<int>& s2, TacticPair def, TuningEntry& e) {
       const std::vector<TacticPair> candidates = final_candidates(s1, s2, def);
-      const int rounds = final_timings(candidates.size()) / static_cast<int>(candidates.size());
       std::vector<std::vector<double>> times(candidates.size());
-      for (int round = 0; round < rounds; ++round)
+      for (int round = 0; round < final_rounds(candidates.size()); ++round)
         for (size_t c = 0; c < candidates.size(); ++c) times[c].push_back(time(candidates[c]));
       std::vector<double> medians;
       for (std::vector<double>& t : times) {

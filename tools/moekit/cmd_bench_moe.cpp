@@ -240,12 +240,6 @@ double verify_pair(Runner& gpu, Runner& ref, TunedInputs& in, TacticPair pair, i
   return err;
 }
 
-// The middle value of an odd number of values (the upper middle of an even number).
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 void run_tuned(const BenchMoeCli& o) {
   const Preset& preset = find_preset(o.preset);
   if (o.gemm1 >= 0 || o.gemm2 >= 0) throw InvalidArgument("bench", "--tuned picks the tactics: drop --gemm1/--gemm2");
@@ -309,8 +303,8 @@ void run_tuned(const BenchMoeCli& o) {
       d.push_back(replay_us(def));
       b.push_back(replay_us(best));
     }
-    row.default_us = median_of(d);
-    row.tuned_us = median_of(b);
+    row.default_us = bench::summarize(d).median_us;
+    row.tuned_us = bench::summarize(b).median_us;
     rows.push_back(row);
   }
 
