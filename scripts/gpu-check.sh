@@ -70,7 +70,9 @@ if want tests; then
   for t in "$build"/tests/gpu_*; do
     [[ -x "$t" && -f "$t" ]] && step "$(basename "$t")" "$t"
   done
+  # CPU tests whose checks change where a GPU is present (the CUDA runner, the CLI's benchmark tables).
   step runtime_test "$build/tests/runtime_test"
+  step cli_test "$build/tests/cli_test"
 fi
 
 # Sanitizers (quick case lists: the tools slow kernels 10-100x).

@@ -141,7 +141,7 @@ void expect_non_negative_bench_option(const std::string& prefix, const std::stri
 // --bias-scale: the selection bias's range on presets that have one.
 TEST(Cli, BenchMoeBiasScale) {
   expect_non_negative_bench_option("bench moe --preset deepseek-v3", "--bias-scale", "bias_scale", "0",
-                                   "selection bias uniform in [-0, 0)");
+                                   "selection bias uniform in [-S, S) with S = 0");
 }
 
 // --logit-skew: with a GPU the table says how the logits were skewed (and its rows column shows the busiest expert).
