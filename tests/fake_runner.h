@@ -1,6 +1,7 @@
 // A runner for CPU tests of the lifecycle, the registry, MoELayer and the autotuner: its tactics have costs the
-// test chooses (a function of the pair), it records every pair it timed or executed, and its execute() writes
-// the tactic indices into `out` so a test can see which pair a layer ran. No real compute.
+// test chooses (a function of the pair), it records every pair it timed or executed and the timing logits each
+// timing saw, and its execute() writes the tactic indices into `out` so a test can see which pair a layer ran. No
+// real compute.
 #pragma once
 
 #include <functional>
@@ -38,12 +39,19 @@ class FakeRunner final : public Runner {
   std::vector<int64_t> timed_tokens;
   std::vector<TacticPair> executed;  // every execute() call
   int builds = 0;                    // do_build() calls
+  // The data of the logits set by set_timing_logits() (nullptr: synthetic), now, at each set and at each timing.
+  const void* timing_logits = nullptr;
+  std::vector<const void*> timing_logits_sets;
+  std::vector<const void*> timed_logits;
 
  protected:
   Support do_check_support(const LayerSpec&, Device) override {
     return cfg_.decline.empty() ? Support::yes() : Support::no(cfg_.decline);
   }
-  void do_build(const LayerWeights&, int64_t) override { ++builds; }
+  void do_build(const LayerWeights&, int64_t) override {
+    ++builds;
+    timing_logits = nullptr;
+  }
   LayerWeights make_synthetic_weights(uint64_t) override {
     const ExpertConfig& e = spec().experts;
     const int64_t ew = e.weight_experts(), h = e.hidden, i = e.intermediate;
@@ -63,7 +71,12 @@ class FakeRunner final : public Runner {
   double do_time_tactics(const TacticPair& t, int64_t tokens) override {
     timed.push_back(t);
     timed_tokens.push_back(tokens);
+    timed_logits.push_back(timing_logits);
     return cfg_.cost(t);
+  }
+  void do_set_timing_logits(const TensorView& logits) override {
+    timing_logits = logits.present() ? logits.data : nullptr;
+    timing_logits_sets.push_back(timing_logits);
   }
   TacticPair do_default_tactics(int64_t tokens) const override {
     return cfg_.default_for ? cfg_.default_for(tokens) : cfg_.default_pair;

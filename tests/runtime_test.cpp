@@ -565,6 +565,32 @@ TEST(MoELayerReferenceTuning, TunesTheSingleTacticItHas) {
   }
 }
 
+TEST(MoELayerReferenceTuning, TimesOnGivenLogitsOfEitherDtypeAndAnyRowPitch) {
+  const LayerSpec spec = small_spec();
+  std::unique_ptr<Runner> r = make_runner("reference");
+  ASSERT_TRUE(r->check_support(spec, Device::cpu()).ok);
+  r->build_synthetic(16);
+  // Three rows of 8 logits, 10 apart (fewer rows than the 16 timed tokens: they repeat).
+  std::vector<uint16_t> bf16(30, float_to_bf16(-1.0f));
+  std::vector<float> f32(30, -1.0f);
+  for (int row = 0; row < 3; ++row) {
+    bf16[row * 10 + row] = float_to_bf16(4.0f);
+    f32[row * 10 + row] = 4.0f;
+  }
+  TensorView strided_bf16 = TensorView::contiguous(bf16.data(), DType::bf16, {3, 8});
+  TensorView strided_f32 = TensorView::contiguous(f32.data(), DType::f32, {3, 8});
+  strided_bf16.strides[0] = strided_f32.strides[0] = 10;
+  for (const TensorView& v : {strided_bf16, strided_f32}) {
+    Autotuner tuner(CacheMetadata{"0.1.0", "cpu", 1, 0});
+    const int64_t tokens[] = {16};
+    const std::vector<TuneResult> res = tuner.tune(*r, spec, tokens, {.logits = v});
+    ASSERT_EQ(res.size(), 1u);
+    EXPECT_EQ(res[0].timed_configs, 1);
+    EXPECT_GT(res[0].entry.seconds, 0.0);
+  }
+  EXPECT_GT(r->time_tactics({0, 0}, 16), 0.0);  // back on the synthetic logits
+}
+
 // ---- moekit tune on the CPU backend -------------------------------------------------------------------------------
 
 struct Command {

@@ -1,5 +1,5 @@
 // Autotuner: token buckets, key sensitivity, staged search on tactics with known costs, the default heuristic,
-// the persisted cache (round trip, merge, metadata invalidation, corrupted files, two processes saving at once),
+// timing on caller-given logits, the persisted cache (round trip, merge, metadata invalidation, corrupted files, two processes saving at once),
 // resuming from a stored shortlist, and the progress output.
 #include "moekit/tuner.h"
 
@@ -418,6 +418,76 @@ TEST(StagedTuning, TimingNeedsABuiltRunner) {
   TuneResult res = tuner.tune(r, small_spec(), tokens)[0];
   EXPECT_TRUE(res.from_cache);
   EXPECT_EQ(res.best, (TacticPair{1, 2}));
+}
+
+TEST(StagedTuning, TimesOnTheGivenLogitsAndThenGoesBackToTheSynthetic) {
+  auto r = built_runner();
+  Autotuner tuner(test_metadata());
+  std::vector<float> logits(3 * 8, 0.5f);  // [3, E = 8]
+  const TensorView view = TensorView::contiguous(logits.data(), DType::f32, {3, 8});
+  const int64_t tokens[] = {8, 64};
+  tuner.tune(*r, small_spec(), tokens, {.logits = view});
+  ASSERT_EQ(r->timed_logits.size(), 36u);
+  for (const void* p : r->timed_logits) EXPECT_EQ(p, logits.data());
+  EXPECT_EQ(r->timing_logits_sets, (std::vector<const void*>{logits.data(), nullptr}));
+  EXPECT_EQ(r->timing_logits, nullptr);
+  // Without logits the timings stay on the synthetic ones and nothing is set.
+  r->timing_logits_sets.clear();
+  r->timed_logits.clear();
+  tuner.tune(*r, small_spec(), tokens, {.mode = TuneMode::full});
+  ASSERT_EQ(r->timed_logits.size(), 36u);
+  for (const void* p : r->timed_logits) EXPECT_EQ(p, nullptr);
+  EXPECT_TRUE(r->timing_logits_sets.empty());
+  // A request the cache answers times nothing and does not touch the logits.
+  tuner.tune(*r, small_spec(), tokens, {.logits = view});
+  EXPECT_TRUE(r->timing_logits_sets.empty());
+}
+
+TEST(StagedTuning, GoesBackToTheSyntheticLogitsWhenATimingThrows) {
+  int calls = 0;
+  auto r = built_runner({.cost = [&](TacticPair) -> double {
+    if (++calls == 4) throw CudaError("test", "timing failed");
+    return 1.0;
+  }});
+  Autotuner tuner(test_metadata());
+  std::vector<uint16_t> logits(8, 0);  // [1, 8] bf16
+  const int64_t tokens[] = {8};
+  EXPECT_THROW(
+      tuner.tune(*r, small_spec(), tokens, {.logits = TensorView::contiguous(logits.data(), DType::bf16, {1, 8})}),
+      CudaError);
+  EXPECT_EQ(r->timed_logits.size(), 4u);
+  EXPECT_EQ(r->timing_logits_sets, (std::vector<const void*>{logits.data(), nullptr}));
+  EXPECT_EQ(r->timing_logits, nullptr);
+}
+
+TEST(StagedTuning, RejectsTimingLogitsThatRouteCannotTake) {
+  auto r = built_runner();
+  Autotuner tuner(test_metadata());
+  std::vector<float> logits(4 * 8, 0.0f);
+  const int64_t tokens[] = {8};
+  auto error_of = [&](const TensorView& v) {
+    try {
+      tuner.tune(*r, small_spec(), tokens, {.mode = TuneMode::full, .logits = v});
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no throw");
+  };
+  EXPECT_EQ(error_of(TensorView::contiguous(logits.data(), DType::f32, {4, 7})),
+            "moekit::route: logits.shape[1] (7) must equal num_experts (8)");
+  EXPECT_EQ(error_of(TensorView::contiguous(logits.data(), DType::i32, {4, 8})),
+            "moekit::route: logits dtype (int32) must be fp32 or bf16");
+  EXPECT_EQ(error_of(TensorView::contiguous(logits.data(), DType::f32, {4, 8}, Device::cuda(0))),
+            "moekit::route: logits.device (cuda:0) must be the routing device (cpu)");
+  EXPECT_EQ(error_of(TensorView::contiguous(logits.data(), DType::f32, {0, 8})),
+            "moekit::layer: runner 'fake': timing logits ([0, 8] fp32 cpu) must have at least one row");
+  EXPECT_TRUE(r->timed.empty());
+  EXPECT_TRUE(r->timing_logits_sets.empty());
+  // The runner checks the lifecycle too.
+  FakeRunner unbuilt;
+  ASSERT_TRUE(unbuilt.check_support(small_spec(), Device::cpu()).ok);
+  EXPECT_THROW(unbuilt.set_timing_logits(TensorView::contiguous(logits.data(), DType::f32, {4, 8})),
+               InvalidArgument);
 }
 
 // ---- persisted cache

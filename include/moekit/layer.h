@@ -142,6 +142,15 @@ class Runner {
   /// (the tuner's timing callback). Requires build(); 1 <= tokens <= max_tokens(). Synchronizes the device.
   double time_tactics(const TacticPair& tactics, int64_t tokens);
 
+  /// Makes time_tactics() route rows of `logits` instead of the runner's synthetic logits, so that tuning sees the
+  /// routing an engine's layer gets (skewed experts, hot experts); an absent view ({}) goes back to the synthetic
+  /// logits. `logits`: [N, E] fp32 or bf16 with unit stride in E, N >= 1, on the runner's device (validated as
+  /// route()'s logits). The runner copies min(N, max_tokens()) rows into its own timing inputs, repeated to fill
+  /// max_tokens() rows (row r is row r mod N), keeping the dtype, so the caller may free `logits` afterwards; a
+  /// timing at T tokens routes T consecutive rows of that copy. Synchronizes the device. Requires build(); a later
+  /// build() goes back to the synthetic logits. Autotuner::tune() calls it for TuneOptions::logits.
+  void set_timing_logits(const TensorView& logits);
+
   /// The deterministic pair used when the tuner has no entry for T's bucket, or when the entry's winner is this pair
   /// at the T the bucket was timed at; asked for T itself (the tuner asks it for the T it times). Allocation-free:
   /// MoELayer::forward() calls it per call on such buckets. Requires a successful check_support().
@@ -171,6 +180,9 @@ class Runner {
   virtual void do_execute(const LayerInputs& inputs, const TacticPair& tactics, Stream stream) = 0;
   /// Time one run on synthetic inputs (see time_tactics); tactics in range, 1 <= tokens <= max_tokens().
   virtual double do_time_tactics(const TacticPair& tactics, int64_t tokens) = 0;
+  /// Route later timings on a copy of `logits` (validated, N >= 1, on the device), or on the synthetic logits when
+  /// it is absent (see set_timing_logits).
+  virtual void do_set_timing_logits(const TensorView& logits) = 0;
   /// Default heuristic; the base picks the first tactic of each list.
   virtual TacticPair do_default_tactics(int64_t tokens) const;
 

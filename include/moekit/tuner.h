@@ -19,6 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "moekit/tensor.h"
+
 namespace moekit {
 
 class Runner;      // moekit/layer.h
@@ -121,6 +123,11 @@ struct TuneOptions {
   TuneMode mode = TuneMode::skip_cached;
   ProgressStyle progress = ProgressStyle::none;
   std::FILE* progress_stream = nullptr;  // nullptr = stderr
+  // Optional routing logits to time on instead of the runner's synthetic ones, e.g. rows an engine captured from its
+  // own router, so that the search sees that routing's skew: [N, E] fp32 or bf16, unit stride in E, N >= 1, on the
+  // runner's device (Runner::set_timing_logits). Copied and validated only when tune() times something; the runner
+  // is back on its synthetic logits when tune() returns or throws. Entries land under the same keys either way.
+  TensorView logits;
 };
 
 /// The outcome for one requested token count.
@@ -173,11 +180,12 @@ class Autotuner {
   /// min(2, n2); a single final candidate (n1 = n2 = 1) is timed once. The winner is the candidate with the
   /// smallest median over the rounds (the earlier one on ties); a pair other than the default wins only where its
   /// median is more than 1% below the default's, and the entry records both medians. The timings run on the
-  /// runner's own synthetic inputs (Runner::time_tactics()); cuda_bf16's logits are uniform random, so its routing is
-  /// near-uniform, and a pair that wins there can lose under skewed routing (mixtral-8x7b at T = 1024: swapped
-  /// 96x256 tiles 6.6% faster with uniform routing, 3.7% slower with the hottest expert at 1.4x the mean rows;
-  /// docs/benchmarks.md, "Thirty-third session"). Throws InvalidArgument when something must be timed and the
-  /// runner is not built, or for token counts out of range, and what the runner throws.
+  /// runner's own synthetic inputs (Runner::time_tactics()) unless options.logits names the routing to time on;
+  /// cuda_bf16's synthetic logits are uniform random, so its routing is near-uniform, and a pair that wins there can
+  /// lose under skewed routing (mixtral-8x7b at T = 1024: swapped 96x256 tiles 6.6% faster with uniform routing,
+  /// 3.7% slower with the hottest expert at 1.4x the mean rows; docs/benchmarks.md, "Thirty-third session").
+  /// Throws InvalidArgument when something must be timed and the runner is not built or options.logits is invalid,
+  /// or for token counts out of range, and what the runner throws.
   std::vector<TuneResult> tune(Runner& runner, const LayerSpec& spec, std::span<const int64_t> tokens,
                                const TuneOptions& options = {});
 

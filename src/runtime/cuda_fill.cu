@@ -1,5 +1,5 @@
 // Synthetic fills on the device for the CUDA runners: one grid-stride kernel evaluating detail::uniform_at
-// (runtime/synthetic.h) per element. mix64 is constexpr and compiled for the device through
+// (runtime/synthetic.h) per element; and a row copy that repeats a caller's rows by doubling copies. mix64 is constexpr and compiled for the device through
 // --expt-relaxed-constexpr, so host and device share one definition of the hash.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -38,6 +38,24 @@ void fill_uniform_device(void* out, int64_t n, bool bf16, uint64_t seed, float s
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
     throw CudaError("layer", std::string("fill_uniform_kernel launch failed: ") + cudaGetErrorString(err));
+}
+
+void cycle_rows_device(void* dst, int64_t rows, const void* src, int64_t n, size_t row_bytes, size_t src_pitch,
+                       Stream stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  auto check = [](cudaError_t err) {
+    if (err != cudaSuccess)
+      throw CudaError("layer", std::string("cycle_rows_device: cudaMemcpyAsync failed: ") + cudaGetErrorString(err));
+  };
+  char* out = static_cast<char*>(dst);
+  check(cudaMemcpy2DAsync(out, row_bytes, src, src_pitch, row_bytes, static_cast<size_t>(n), cudaMemcpyDeviceToDevice,
+                          s));
+  // The first `filled` rows hold whole periods of n, so copying them on doubles the filled rows and keeps the cycle.
+  for (int64_t filled = n; filled < rows; filled *= 2) {
+    const int64_t copy = std::min(filled, rows - filled);
+    check(cudaMemcpyAsync(out + filled * row_bytes, out, static_cast<size_t>(copy) * row_bytes,
+                          cudaMemcpyDeviceToDevice, s));
+  }
 }
 
 }  // namespace moekit::detail

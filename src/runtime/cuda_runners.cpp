@@ -2,8 +2,8 @@
 // followed by the grouped-GEMM experts (CudaExperts), both sized at build time for max_tokens and enqueued on the
 // caller's stream with no allocation and no synchronization, so a forward() can be captured in a CUDA graph.
 // Its GEMM1 and GEMM2 tactics are the rows of cuda_expert_gemm_tactics(), in table order. Timing for the tuner
-// replays CUDA graphs of whole layer calls on the runner's own synthetic inputs and takes the median of
-// event-timed samples. In a build without CUDA the runner only declines, saying why.
+// replays CUDA graphs of whole layer calls on the runner's own synthetic inputs (or a caller's logits,
+// set_timing_logits()) and takes the median of event-timed samples. In a build without CUDA the runner only declines, saying why.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -218,6 +218,26 @@ class CudaBf16Runner final : public Runner {
     return median;
   }
 
+  // The caller's rows (or the synthetic logits again) in timing_[1], keeping their dtype.
+  void do_set_timing_logits(const TensorView& logits) override {
+    DeviceScope scope(device().index);
+    ensure_timing_inputs();
+    best_seen_.clear();  // medians on other routing bound nothing on the new one
+    const int64_t cap = max_tokens(), e = spec().routing.num_experts;
+    // The copies run on stream_, which does not wait for the caller's streams: let the caller's writes land first.
+    cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize before copying the timing logits");
+    if (logits.present()) {
+      const size_t elem = dtype_size(logits.dtype);
+      cycle_rows_device(timing_[1].data(), cap, logits.data, std::min(logits.shape[0], cap), e * elem,
+                        logits.stride(0) * elem, stream_);
+      timing_logits_dtype_ = logits.dtype;
+    } else {
+      fill_uniform_device(timing_[1].data(), cap * e, false, 12, 2.0f, stream_);
+      timing_logits_dtype_ = DType::f32;
+    }
+    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after copying the timing logits");
+  }
+
   TacticPair do_default_tactics(int64_t tokens) const override {
     const ExpertTactic t = cuda_expert_default_tactic(spec().experts, tokens);
     return {t.gemm1, t.gemm2};
@@ -241,11 +261,13 @@ class CudaBf16Runner final : public Runner {
     plan_.reset();
     routing_bias_ = {};
     timing_.clear();
+    timing_logits_dtype_ = DType::f32;
     best_seen_.clear();
   }
 
-  // Hidden states, logits and outputs for max_tokens tokens (the reference runner's timing streams 11 and 12), plus
-  // the stream and events timing uses. Allocated on the first timing after a build.
+  // Hidden states, logits and outputs for max_tokens tokens (the reference runner's timing streams 11 and 12; the
+  // logits buffer also holds a caller's bf16 rows, see do_set_timing_logits), plus the stream and events timing
+  // uses. Allocated on the first timing after a build.
   void ensure_timing_inputs() {
     if (stream_ == nullptr) {
       cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -275,8 +297,9 @@ class CudaBf16Runner final : public Runner {
         LayerInputs in;
         in.hidden = TensorView::contiguous(static_cast<char*>(timing_[0].data()) + row * h * 2, DType::bf16,
                                            {tokens, h}, device());
-        in.logits = TensorView::contiguous(static_cast<char*>(timing_[1].data()) + row * e * 4, DType::f32,
-                                           {tokens, e}, device());
+        in.logits = TensorView::contiguous(
+            static_cast<char*>(timing_[1].data()) + row * e * static_cast<int64_t>(dtype_size(timing_logits_dtype_)),
+            timing_logits_dtype_, {tokens, e}, device());
         in.out = TensorView::contiguous(static_cast<char*>(timing_[2].data()) + row * h * 2, DType::bf16, {tokens, h},
                                         device());
         do_execute(in, tactics, stream_);
@@ -312,7 +335,8 @@ class CudaBf16Runner final : public Runner {
   std::optional<CudaExperts> experts_;
   TensorView routing_bias_{};
   std::vector<DeviceBuffer> synthetic_;  // build_synthetic() weights
-  std::vector<DeviceBuffer> timing_;     // hidden [max_tokens, H] bf16, logits [max_tokens, E] fp32, out
+  std::vector<DeviceBuffer> timing_;     // hidden [max_tokens, H] bf16, logits [max_tokens, E], out
+  DType timing_logits_dtype_ = DType::f32;  // timing_[1]'s: fp32 synthetic, or a caller's fp32 / bf16 rows
   std::map<int64_t, double> best_seen_;  // fastest median per token count since the last build
   cudaStream_t stream_ = nullptr;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
@@ -336,6 +360,7 @@ class CudaBf16Runner final : public Runner {
   LayerWeights make_synthetic_weights(uint64_t) override { unreachable("build_synthetic()"); }
   void do_execute(const LayerInputs&, const TacticPair&, Stream) override { unreachable("execute()"); }
   double do_time_tactics(const TacticPair&, int64_t) override { unreachable("time_tactics()"); }
+  void do_set_timing_logits(const TensorView&) override { unreachable("set_timing_logits()"); }
 
  private:
   [[noreturn]] static void unreachable(std::string_view step) {

@@ -3,6 +3,7 @@
 // tuning it times a single configuration per bucket: there is nothing else to choose.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <cmath>
@@ -85,16 +86,10 @@ class ReferenceRunner final : public Runner {
     experts_reference(spec().experts, weights_.experts, in.hidden, plan_->view(), in.out);
   }
 
-  // One run on synthetic inputs; CPU runs are long enough that one sample is stable to a few percent.
+  // One run on the timing inputs; CPU runs are long enough that one sample is stable to a few percent.
   double do_time_tactics(const TacticPair& tactics, int64_t tokens) override {
-    const int64_t h = spec().experts.hidden, e = spec().routing.num_experts, cap = max_tokens();
-    if (timing_hidden_.empty()) {
-      timing_hidden_.resize(static_cast<size_t>(cap * h));
-      timing_logits_.resize(static_cast<size_t>(cap * e));
-      timing_out_.resize(static_cast<size_t>(cap * h));
-      fill_uniform_bf16(timing_hidden_, 11, 1.0f);
-      fill_uniform_f32(timing_logits_, 12, 2.0f);
-    }
+    const int64_t h = spec().experts.hidden, e = spec().routing.num_experts;
+    ensure_timing_inputs();
     LayerInputs in;
     in.hidden = TensorView::contiguous(timing_hidden_.data(), DType::bf16, {tokens, h});
     in.logits = TensorView::contiguous(timing_logits_.data(), DType::f32, {tokens, e});
@@ -104,7 +99,35 @@ class ReferenceRunner final : public Runner {
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
+  // The caller's rows, converted to fp32 (the reference routes bf16 logits through the same conversion), repeated
+  // to fill max_tokens rows; or the synthetic logits again.
+  void do_set_timing_logits(const TensorView& logits) override {
+    ensure_timing_inputs();
+    const int64_t e = spec().routing.num_experts, cap = max_tokens();
+    if (!logits.present()) return fill_uniform_f32(timing_logits_, 12, 2.0f);
+    const int64_t n = std::min(logits.shape[0], cap);
+    for (int64_t r = 0; r < cap; ++r)
+      for (int64_t j = 0; j < e; ++j) {
+        const int64_t at = (r % n) * logits.stride(0) + j;
+        timing_logits_[static_cast<size_t>(r * e + j)] = logits.dtype == DType::f32
+                                                             ? logits.as<float>()[at]
+                                                             : bf16_to_float(logits.as<uint16_t>()[at]);
+      }
+  }
+
  private:
+  // Hidden states, logits (synthetic until set_timing_logits()) and outputs for max_tokens tokens; allocated on the
+  // first timing after a build.
+  void ensure_timing_inputs() {
+    if (!timing_hidden_.empty()) return;
+    const int64_t h = spec().experts.hidden, e = spec().routing.num_experts, cap = max_tokens();
+    timing_hidden_.resize(static_cast<size_t>(cap * h));
+    timing_logits_.resize(static_cast<size_t>(cap * e));
+    timing_out_.resize(static_cast<size_t>(cap * h));
+    fill_uniform_bf16(timing_hidden_, 11, 1.0f);
+    fill_uniform_f32(timing_logits_, 12, 2.0f);
+  }
+
   LayerWeights weights_{};
   std::optional<RoutePlan> plan_;
   // Synthetic weights (build_synthetic) and timing inputs, owned here.

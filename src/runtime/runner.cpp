@@ -3,6 +3,8 @@
 // forget a check and every backend reports a broken order with the same words.
 #include <fmt/format.h>
 
+#include <limits>
+
 #include "moekit/error.h"
 #include "moekit/layer.h"
 
@@ -133,6 +135,17 @@ double Runner::time_tactics(const TacticPair& tactics, int64_t tokens) {
     throw InvalidArgument("layer", fmt::format("runner '{}': tactics ({}, {}) must be in [0, {}) x [0, {})", name(),
                                                tactics.gemm1, tactics.gemm2, n1, n2));
   return do_time_tactics(tactics, tokens);
+}
+
+void Runner::set_timing_logits(const TensorView& logits) {
+  require_built("set_timing_logits()");
+  if (logits.present()) {
+    validate_route_args(spec_.routing, logits, {}, {}, std::numeric_limits<int64_t>::max(), device_);
+    if (logits.shape[0] < 1)
+      throw InvalidArgument("layer", fmt::format("runner '{}': timing logits ({}) must have at least one row",
+                                                 name(), logits.describe()));
+  }
+  do_set_timing_logits(logits);
 }
 
 TacticPair Runner::default_tactics(int64_t tokens) const {

@@ -190,6 +190,22 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
   // Only timing needs a built runner: a request the cache answers entirely works on a checked one.
   if (total > 0 && !runner.built())
     throw InvalidArgument("tuner", fmt::format("runner '{}': tune() called before build()", runner.name()));
+  // Time on the caller's routing where given; the runner goes back to its synthetic logits afterwards (on a throw
+  // too, where a second error would hide the first, so the guard's own is dropped).
+  struct SyntheticLogitsAgain {
+    Runner* runner = nullptr;
+    ~SyntheticLogitsAgain() {
+      if (runner == nullptr) return;
+      try {
+        runner->set_timing_logits({});
+      } catch (...) {
+      }
+    }
+  } restore;
+  if (total > 0 && options.logits.present()) {
+    runner.set_timing_logits(options.logits);
+    restore.runner = &runner;
+  }
   detail::TuneProgress progress(options.progress, options.progress_stream, fmt::format("tune {}", runner.name()),
                                 total);
   std::vector<TuneResult> results;
@@ -257,6 +273,10 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
     results.push_back(r);
   }
   progress.finish();
+  if (restore.runner != nullptr) {
+    restore.runner = nullptr;
+    runner.set_timing_logits({});
+  }
   return results;
 }
 

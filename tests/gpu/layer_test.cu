@@ -2,11 +2,13 @@
 // on the CPU "reference" runner with the same weights: relative Frobenius error <= 1e-2 for reduced-size versions
 // of every preset at T in {1, 64, 1000}, every tactic pair, CUDA-graph capture of forward() replayed with new
 // logits and hidden states, the runner lifecycle on the GPU (errors, idempotent build, rebuild), synthetic weights
-// equal to the reference runner's, and the tuner in a TuningScope producing a cache entry. Fresh random inputs per
-// run (the seed is printed; MOEKIT_TEST_SEED replays one). Skips without an sm90 GPU.
+// equal to the reference runner's, the tuner in a TuningScope producing a cache entry, and tuning on given logits
+// (the row copy into the runner's timing inputs checked byte for byte). Fresh random inputs per run (the seed is
+// printed; MOEKIT_TEST_SEED replays one). Skips without an sm90 GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -25,6 +27,7 @@
 #include "moekit/layer.h"
 #include "moekit/presets.h"
 #include "moekit/tuner.h"
+#include "runtime/cuda_fill.h"
 
 namespace moekit {
 namespace {
@@ -421,6 +424,62 @@ TEST_F(GpuLayer, TuningScopeTunesTheGpuRunnerIntoTheCache) {
   EXPECT_EQ(again.find(key), e);
   std::filesystem::remove(path);
   std::filesystem::remove(path.string() + ".lock");
+}
+
+TEST_F(GpuLayer, TimingLogitsAreCopiedRowByRowInCycles) {
+  MOEKIT_REQUIRE_SM90();
+  // n source rows of `width` bytes, `pitch` bytes apart, into `rows` packed rows: dst row r = src row r mod n.
+  for (const auto& [n, rows, width, pitch] : {std::array<int64_t, 4>{3, 11, 20, 28}, {1, 16, 8, 8}, {5, 5, 12, 16},
+                                              {4, 1000, 64, 64}, {7, 9, 4, 12}}) {
+    std::vector<uint8_t> src(static_cast<size_t>(n * pitch));
+    for (uint8_t& b : src) b = static_cast<uint8_t>(rng_());
+    DeviceBuffer d_src(src.size()), d_dst(static_cast<size_t>(rows * width));
+    d_src.upload(src.data(), src.size());
+    const std::vector<uint8_t> poison(static_cast<size_t>(rows * width), 0xAB);
+    d_dst.upload(poison.data(), poison.size());
+    detail::cycle_rows_device(d_dst.data(), rows, d_src.data(), n, width, pitch, nullptr);
+    std::vector<uint8_t> got(static_cast<size_t>(rows * width));
+    device_synchronize();
+    d_dst.download(got.data(), got.size());
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t b = 0; b < width; ++b)
+        ASSERT_EQ(got[r * width + b], src[(r % n) * pitch + b]) << "n=" << n << " rows=" << rows << " row " << r;
+  }
+}
+
+TEST_F(GpuLayer, TunesOnGivenLogits) {
+  MOEKIT_REQUIRE_SM90();
+  const LayerSpec s = reduced_spec(find_preset("mixtral-8x7b"));
+  const int64_t e = s.routing.num_experts;
+  LayerData w(s, rng_);
+  std::unique_ptr<Runner> r = make_runner("cuda_bf16");
+  ASSERT_TRUE(r->check_support(s, Device::cuda(0)).ok);
+  r->build(w.gpu, 256);
+  // Three bf16 rows, 2E apart, that send every token to experts 0 and 1: fewer rows than the timed tokens.
+  std::vector<uint16_t> rows(static_cast<size_t>(3 * 2 * e), float_to_bf16(-4.0f));
+  for (int row = 0; row < 3; ++row) rows[row * 2 * e] = rows[row * 2 * e + 1] = float_to_bf16(4.0f);
+  DeviceBuffer d_rows(rows.size() * 2);
+  d_rows.upload(rows.data(), rows.size() * 2);
+  TensorView hot = TensorView::contiguous(d_rows.data(), DType::bf16, {3, e}, Device::cuda(0));
+  hot.strides[0] = 2 * e;
+  const int64_t tokens[] = {256, 16};
+  const std::vector<TuneResult> res = tuner_.tune(*r, s, tokens, {.logits = hot});
+  ASSERT_EQ(res.size(), 2u);
+  for (const TuneResult& t : res) {
+    EXPECT_GT(t.timed_configs, 0);
+    EXPECT_GT(t.entry.seconds, 0.0);
+    EXPECT_GT(t.entry.default_seconds, 0.0);
+  }
+  // Host logits are not the runner's device; the runner still runs on its synthetic logits afterwards.
+  std::vector<float> host(static_cast<size_t>(e), 0.0f);
+  EXPECT_EQ(error_of<InvalidArgument>(
+                [&] { r->set_timing_logits(TensorView::contiguous(host.data(), DType::f32, {1, e})); }),
+            "moekit::route: logits.device (cpu) must be the routing device (cuda:0)");
+  EXPECT_GT(r->time_tactics(r->default_tactics(256), 256), 0.0);
+  r->set_timing_logits(hot);
+  EXPECT_GT(r->time_tactics(r->default_tactics(64), 64), 0.0);
+  r->set_timing_logits({});
+  EXPECT_GT(r->time_tactics(r->default_tactics(64), 64), 0.0);
 }
 
 }  // namespace
