@@ -123,7 +123,7 @@ TEST(Cli, BenchMoeTakesCublas) {
 // asking for a GPU without one, and with one prints `shown`; negative and non-finite values are rejected with a
 // message naming `field`, before any device setup.
 void expect_non_negative_bench_option(const std::string& prefix, const std::string& flag, const std::string& field,
-                                      const char* accepted, const char* shown) {
+                                      const char* accepted, const char* shown, bool tuned_excludes = true) {
   expect_accepted(prefix + " --tokens 64 --samples 1 --verify-tokens 1 " + flag + " " + accepted, shown);
   for (const char* bad : {"-0.5", "nan", "inf"}) {
     CliRun r = run_cli(prefix + " --tokens 1 " + flag + " " + bad);
@@ -131,9 +131,11 @@ void expect_non_negative_bench_option(const std::string& prefix, const std::stri
     EXPECT_NE(r.output.find(field + " (" + bad + ") must be finite and >= 0"), std::string::npos) << r.output;
     EXPECT_EQ(r.output.find("a CUDA device"), std::string::npos) << r.output;
   }
-  CliRun both = run_cli(prefix + " --tuned " + flag + " " + accepted);
-  EXPECT_NE(both.status, 0);
-  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
+  if (tuned_excludes) {
+    CliRun both = run_cli(prefix + " --tuned " + flag + " " + accepted);
+    EXPECT_NE(both.status, 0);
+    EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
+  }
   CliRun help = run_cli("bench moe --help");
   EXPECT_NE(help.output.find(flag), std::string::npos) << help.output;
 }
@@ -145,10 +147,31 @@ TEST(Cli, BenchMoeBiasScale) {
 }
 
 // --logit-skew: with a GPU the table says how the logits were skewed (and its rows column shows the busiest expert).
+// With --tuned the tuner times on the skewed logits, and the bad values are rejected there too, before any device
+// setup.
 TEST(Cli, BenchMoeLogitSkew) {
   expect_non_negative_bench_option("bench moe --preset mixtral-8x7b", "--logit-skew", "logit_skew", "1",
                                    "routing skew: each expert's logits offset by a fixed value uniform in [-S, S) "
-                                   "with S = 1");
+                                   "with S = 1",
+                                   false);
+  for (const char* bad : {"-0.5", "nan"}) {
+    CliRun r = run_cli(std::string("bench moe --preset mixtral-8x7b --tuned --tokens 1 --logit-skew ") + bad);
+    EXPECT_NE(r.status, 0) << bad;
+    EXPECT_NE(r.output.find(std::string("logit_skew (") + bad + ") must be finite and >= 0"), std::string::npos)
+        << r.output;
+  }
+  CliRun tuned = run_cli("bench moe --preset mixtral-8x7b --tuned --tokens 1 --samples 1 --verify-tokens 1 "
+                         "--logit-skew 1");
+  EXPECT_EQ(tuned.output.find("excludes"), std::string::npos) << tuned.output;
+  if (tuned.status == 0) {
+    EXPECT_NE(tuned.output.find("tuned and timed with each expert's logits offset by a fixed value uniform in "
+                                "[-S, S) with S = 1"),
+              std::string::npos)
+        << tuned.output;
+  } else {
+    EXPECT_NE(tuned.output.find("runner cuda_bf16 cannot run preset mixtral-8x7b here"), std::string::npos)
+        << tuned.output;
+  }
 }
 
 // --gate-up: a layout name, for the plain benchmark only; the table's first line names the arrangement timed.

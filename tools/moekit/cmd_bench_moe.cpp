@@ -5,7 +5,8 @@
 // batched cuBLAS reference of each T; with --kernels, then each T's kernels).
 // `--tuned` instead compares, per T (default 1, 64, 4096), the autotuner's pair with the default heuristic's pair on
 // the "cuda_bf16" layer runner: staged tuning of T's bucket, verification of both pairs against the reference
-// runner, then route + experts of each pair as CUDA-graph replay medians in the same run.
+// runner, then route + experts of each pair as CUDA-graph replay medians in the same run. The tuner times on the
+// comparison's logits (TuneOptions::logits), skewed with --logit-skew.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -196,7 +197,9 @@ struct TunedInputs {
   std::vector<float> logits;
   DeviceBuffer d_hidden, d_logits, d_out;
 
-  TunedInputs(const LayerSpec& s, int64_t rows, int variants, uint64_t seed)
+  // logit_skew > 0: each expert's logits get a fixed offset uniform in [-logit_skew, logit_skew), as in bench_moe()
+  // (drawn from the host generator, so the offsets differ from the plain benchmark's for the same seed).
+  TunedInputs(const LayerSpec& s, int64_t rows, int variants, uint64_t seed, float logit_skew)
       : rows(rows),
         h(s.experts.hidden),
         e(s.routing.num_experts),
@@ -207,8 +210,18 @@ struct TunedInputs {
         d_out(static_cast<size_t>(rows * h * 2)) {
     cli::fill_uniform_bf16(hidden.data(), static_cast<int64_t>(hidden.size()), seed * 8 + 3, -1.0f, 1.0f);
     cli::fill_uniform(logits.data(), static_cast<int64_t>(logits.size()), seed * 8 + 4, -2.0f, 2.0f);
+    if (logit_skew > 0.0f) {
+      std::vector<float> skew(static_cast<size_t>(e));
+      cli::fill_uniform(skew.data(), e, seed * 8, -logit_skew, logit_skew);
+      for (size_t i = 0; i < logits.size(); ++i) logits[i] += skew[i % skew.size()];
+    }
     d_hidden.upload(hidden.data(), hidden.size() * 2);
     d_logits.upload(logits.data(), logits.size() * 4);
+  }
+  // Every window's logits, [rows * variants, E] fp32 on the GPU, for the tuner to time on.
+  TensorView all_logits() const {
+    return TensorView::contiguous(d_logits.data(), DType::f32, {static_cast<int64_t>(logits.size()) / e, e},
+                                  Device::cuda(d_out.device()));
   }
   LayerInputs gpu(int64_t t, int variant) const {
     const Device d = Device::cuda(d_out.device());
@@ -247,6 +260,8 @@ void run_tuned(const BenchMoeCli& o) {
   for (int64_t t : tokens)
     if (t < 1) throw InvalidArgument("bench", fmt::format("tokens ({}) must be >= 1", t));
   if (o.samples < 1) throw InvalidArgument("bench", fmt::format("samples ({}) must be >= 1", o.samples));
+  if (!std::isfinite(o.logit_skew) || o.logit_skew < 0.0f)
+    throw InvalidArgument("bench", fmt::format("logit_skew ({}) must be finite and >= 0", o.logit_skew));
   const LayerSpec spec = preset_layer_spec(preset);
   register_cuda_runners();
   std::unique_ptr<Runner> gpu = make_runner("cuda_bf16");
@@ -267,7 +282,8 @@ void run_tuned(const BenchMoeCli& o) {
   const double setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   constexpr int kVariants = 4;  // token windows rotated through the replays, so weights are not all L2-resident
   constexpr int kRounds = 3;    // alternating rounds of the default and the tuned pair
-  TunedInputs in(spec, max_t, kVariants, o.seed);
+  TunedInputs in(spec, max_t, kVariants, o.seed, o.logit_skew);
+  const TuneOptions tune_options{.logits = in.all_logits()};
 
   Autotuner tuner(CacheMetadata::current());
   bench::TimingOptions timing;
@@ -280,7 +296,7 @@ void run_tuned(const BenchMoeCli& o) {
     row.bucket = token_bucket(t);
     const auto start = std::chrono::steady_clock::now();
     const int64_t request[] = {t};
-    const TuneResult r = tuner.tune(*gpu, spec, request).front();
+    const TuneResult r = tuner.tune(*gpu, spec, request, tune_options).front();
     row.tune_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     row.timings = r.timed_configs;
     // What MoELayer::forward() runs for t without and with the entry (a winner equal to the default where the bucket
@@ -312,9 +328,13 @@ void run_tuned(const BenchMoeCli& o) {
       "%s",
       fmt::format("moe bench --tuned: {} on {}, runner {}@{}; route + experts per call, CUDA-graph "
                   "replay medians ({} replays of {} calls over {} token windows), median of {} alternating rounds; "
-                  "synthetic weights built in {:.1f} s\n",
+                  "synthetic weights built in {:.1f} s{}\n",
                   preset.name, device_info(0).name, gpu->name(), gpu->version(), o.samples, timing.graph_calls,
-                  kVariants, kRounds, setup_s)
+                  kVariants, kRounds, setup_s,
+                  o.logit_skew > 0.0f ? fmt::format("; tuned and timed with each expert's logits offset by a fixed "
+                                                    "value uniform in [-S, S) with S = {}",
+                                                    o.logit_skew)
+                                      : "")
           .c_str());
   std::printf(
       "| T | bucket | default gemm1 / gemm2 | tuned gemm1 / gemm2 | default us | tuned us | default / tuned "
@@ -334,6 +354,7 @@ void run_tuned(const BenchMoeCli& o) {
     j["preset"] = preset.name;
     j["device"] = device_info(0).name;
     j["runner"] = fmt::format("{}@{}", gpu->name(), gpu->version());
+    j["logit_skew"] = o.logit_skew;
     for (const TunedRow& x : rows)
       j["rows"].push_back({{"tokens", x.tokens},
                            {"bucket", x.bucket},
@@ -376,8 +397,8 @@ void add_bench_moe_command(CLI::App& bench) {
   cmd->add_option(
          "--logit-skew", opts->logit_skew,
          "Routing skew: each expert's logits offset by a fixed value uniform in [-S, S) (logits in [-2, 2)), "
-         "so some experts draw more rows than others; 0 (the default): every expert equally likely")
-      ->excludes(tuned);
+         "so some experts draw more rows than others; 0 (the default): every expert equally likely (--tuned: the "
+         "tuner times on these logits too)");
   cmd->add_flag("--cublas", opts->cublas,
                 "Also time cuBLAS strided-batched GEMM1 and GEMM2 on the same weights with the call's rows split "
                 "evenly over its active experts (a same-run reference without routing skew, gather, activation or "
