@@ -77,7 +77,12 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
 // 0.875-0.886 / 0.949 with 64x256 for both, T = 1024 0.976-0.978 with 64x256 for GEMM2 only, T = 1536 / 2048 / 4096 /
 // 8192 0.949 / 0.982 / 0.978 / 0.985 with 64x256 for both, and T = 16384 1.019-1.043 with any 64x256; the bands'
 // edges lie between those token counts, and the bands held between them: T = 640 / 1152 / 1280 / 2560 / 6144 0.879 /
-// 0.988 / 0.989 / 0.987 / 0.993 against 128x256 for both), and above 256 rows on the others (gpt-oss at 512
+// 0.988 / 0.989 / 0.987 / 0.993 against 128x256 for both). From 224 to 319 rows GEMM1 also takes 64x256, since
+// routing is never uniform in an engine: against 128x256 / 64x256 (same call, "Thirty-fourth session"), uniform
+// routing at T = 896 / 1024 / 1152 1.021 / 1.010 / 0.941, with the hottest expert at 1.3-1.4x the mean (bench moe
+// --logit-skew 0.5) 0.942 / 0.983 / 0.967; the 128-row tiles pad the experts that the skew moves off a multiple of
+// 128 rows by up to a tile each (with interleaved w13 the 64x256 tile's fused epilogue adds to that: T = 1024 0.975
+// against 1.014 on 128x256 / 64x256). Above 256 rows on the others 128x256 (gpt-oss at 512
 // rows: 1.14x over 64x256; deepseek-v3 at 256 rows: within 0.4%); swapped 32x128 tiles up to 16 routed rows per
 // expert, with shared experts (T rows each, ceil(T / 32) tiles per weight tile) up to T = 64 ("Seventeenth session",
 // experts time against 64x256: mixtral T = 8 / 16 / 64 0.979 / 0.980 / 0.982, qwen3 T = 32 0.963, gpt-oss T = 64 /
@@ -99,15 +104,14 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
 // router reaches that sooner. Measured with skew (bench moe --logit-skew S): with the hottest expert at 67-88 rows
 // (S = 0.25 / 0.5) the band's T = 224 / 240 / 256 ran 0.927-0.961 of the old tiles' time, with it at 98-115 rows
 // (S = 1, 1.75-1.8x the mean) 1.052-1.123. Likewise at 224-288 rows, where three 96-row tiles hold an expert that
-// needs three 128-row tiles above 256 rows: swapped 96x256 for both GEMMs ran 0.934 / 0.987 of the default at mixtral
-// T = 1024 / 1152 with uniform routing, but 1.037 at T = 1024 with S = 0.5 (hottest expert 361 rows) and 1.111 at
+// needs three 128-row tiles above 256 rows: swapped 96x256 for both GEMMs ran 0.934 / 0.987 of 128x256 / 64x256 at
+// mixtral T = 1024 / 1152 with uniform routing, but 1.037 at T = 1024 with S = 0.5 (hottest expert 361 rows) and 1.111 at
 // T = 896 ("Thirty-third session"); not taken.
 constexpr int64_t kAny = INT64_MAX;
 struct HeuristicRule {
   int64_t min_rows = 0, max_rows = kAny, max_tokens = kAny, min_weights = 0, max_weights = kAny;
   int64_t max_experts = kAny;
   int64_t max_load4 = kAny, max_shared = kAny;
-  bool interleaved_only = false;  // a rule for interleaved w13 alone (GEMM1 with the fused gated epilogue)
   int gemm1, gemm2;
 };
 constexpr int64_t kLargeExpert = int64_t{24} << 20;  // 2I x H elements
@@ -120,27 +124,14 @@ constexpr HeuristicRule few_large(int64_t min_rows, int64_t max_rows, int gemm1,
           .gemm1 = gemm1,
           .gemm2 = gemm2};
 }
-// With interleaved w13 at 224-319 rows on a few large experts, GEMM1 takes the pingpong 64x256 tile, whose fused
-// epilogue overlaps the other consumer's main loop: mixtral T = 1024 ran 0.975 of the gate-first default's time on
-// 64x256 / 64x256 and 1.014 on 128x256 / 64x256 (same call, H200); at 65-111 rows the 128x256 tiles stay (T = 300:
-// 0.981 against 1.002 with GEMM1 on 64x256).
-constexpr std::array<HeuristicRule, 14> kHeuristic{{
+constexpr std::array<HeuristicRule, 11> kHeuristic{{
     {.max_load4 = 3, .max_shared = 0, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 1, .max_tokens = 4, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 16, .max_tokens = 64, .gemm1 = 5, .gemm2 = 5},
     {.max_rows = 16, .max_shared = 0, .gemm1 = 5, .gemm2 = 5},
     few_large(56, 64, 6, 6),
     few_large(65, 111, 3, 3),
-    few_large(112, 223, 4, 4),
-    {.min_rows = 224,
-     .max_rows = 319,
-     .min_weights = kLargeExpert,
-     .max_experts = 64,
-     .interleaved_only = true,
-     .gemm1 = 4,
-     .gemm2 = 4},
-    few_large(224, 319, 3, 4),
-    few_large(320, 3071, 4, 4),
+    few_large(112, 3071, 4, 4),
     few_large(3072, kAny, 3, 3),
     {.min_rows = 70, .max_rows = 90, .max_weights = kLargeExpert - 1, .gemm1 = 6, .gemm2 = 6},
     {.max_rows = 256, .gemm1 = 4, .gemm2 = 4},
@@ -329,7 +320,7 @@ ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens) {
   for (const HeuristicRule& r : kHeuristic)
     if (rows >= r.min_rows && rows <= r.max_rows && t <= r.max_tokens && weights >= r.min_weights &&
         weights <= r.max_weights && c.num_experts <= r.max_experts && load_at_most(r.max_load4) &&
-        c.num_shared_experts <= r.max_shared && (!r.interleaved_only || c.gate_up == GateUpLayout::interleaved))
+        c.num_shared_experts <= r.max_shared)
       return {r.gemm1, r.gemm2};
   return {kHeuristic.back().gemm1, kHeuristic.back().gemm2};
 }
