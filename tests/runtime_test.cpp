@@ -650,6 +650,25 @@ TEST(TuneCommand, TunesAPresetOnTheReferenceRunnerAndShowsTheCache) {
             std::string::npos)
       << broken.output;
   EXPECT_EQ(file_text(bad), "{\"entries\": [");
+  // Routing logits from a file (3 rows of E = 128): the timings route them; a bad file fails before any timing.
+  const fs::path logits = dir / "logits.txt";
+  {
+    std::ofstream out(logits);
+    for (int i = 0; i < 3 * 128; ++i) out << (i % 128 == i / 128 ? 4.0 : -1.0) << (i % 128 == 127 ? "\n" : " ");
+  }
+  Command routed = run_cli("tune --preset qwen3-30b-a3b --tokens 8 --mode full --device cpu --cache " + cache +
+                           " --logits " + logits.string());
+  ASSERT_EQ(routed.status, 0) << routed.output;
+  EXPECT_NE(routed.output.find("routing 3 rows of logits from " + logits.string()), std::string::npos)
+      << routed.output;
+  std::ofstream(dir / "short.txt") << "1 2 3 4 5";
+  Command short_file = run_cli("tune --preset qwen3-30b-a3b --tokens 8 --device cpu --cache " + cache +
+                               " --logits " + (dir / "short.txt").string());
+  EXPECT_EQ(short_file.status, 1);
+  EXPECT_NE(short_file.output.find("error: moekit::tune: logits file '" + (dir / "short.txt").string() +
+                                   "' holds 5 values, which must be a positive multiple of num_experts (128)"),
+            std::string::npos)
+      << short_file.output;
   Command usage = run_cli("tune --tokens 1 --cache " + cache);
   EXPECT_EQ(usage.status, 1);
   EXPECT_NE(usage.output.find("moekit::tune: --preset is required (or --show PATH)"), std::string::npos)

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <stdexcept>
 #include <thread>
 
 #include "moekit/dtype.h"
@@ -55,6 +56,28 @@ void fill_uniform(float* out, int64_t n, uint64_t seed, float lo, float hi) {
 
 void fill_uniform_bf16(uint16_t* out, int64_t n, uint64_t seed, float lo, float hi) {
   fill_chunks(n, seed, lo, hi, [out](int64_t i, float v) { out[i] = float_to_bf16(v); });
+}
+
+std::vector<float> read_logits_file(const std::string& op, const std::string& path, int experts, int64_t& tokens) {
+  std::ifstream in(path);
+  if (!in) throw InvalidArgument(op, fmt::format("logits file '{}' cannot be opened", path));
+  std::vector<float> values;
+  std::string word;
+  while (in >> word) {
+    try {
+      size_t used = 0;
+      values.push_back(std::stof(word, &used));
+      if (used != word.size()) throw std::invalid_argument(word);
+    } catch (const std::exception&) {
+      throw InvalidArgument(op, fmt::format("logits file '{}': '{}' is not a number", path, word));
+    }
+  }
+  if (values.empty() || values.size() % static_cast<size_t>(experts) != 0)
+    throw InvalidArgument(op, fmt::format("logits file '{}' holds {} values, which must be a positive multiple of "
+                                          "num_experts ({})",
+                                          path, values.size(), experts));
+  tokens = static_cast<int64_t>(values.size()) / experts;
+  return values;
 }
 
 std::vector<int64_t> parse_int_list(const std::string& op, const std::string& text) {

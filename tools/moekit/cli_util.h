@@ -18,6 +18,11 @@ void fill_uniform_bf16(uint16_t* out, int64_t n, uint64_t seed, float lo, float 
 /// Parses "1,16,64" into numbers. Throws InvalidArgument (op `op`) naming a bad entry.
 std::vector<int64_t> parse_int_list(const std::string& op, const std::string& text);
 
+/// Reads a text file of whitespace-separated floats as logits [tokens, experts] (row-major) and sets `tokens`.
+/// Throws InvalidArgument (op `op`) naming the file when it cannot be opened, holds a word that is not a number, or
+/// holds no values or a count that is not a multiple of `experts`.
+std::vector<float> read_logits_file(const std::string& op, const std::string& path, int experts, int64_t& tokens);
+
 /// Writes `text` and a newline to the file at `path` (a --json option). Throws InvalidArgument (op `op`) when the
 /// file cannot be written.
 void write_json_file(const std::string& op, const std::string& path, const std::string& text);

@@ -2,10 +2,6 @@
 // tokens and a summary of the route plan. Runs on the CPU reference, or on the GPU with --backend cuda.
 #include <fmt/format.h>
 
-#include <fstream>
-#include <iterator>
-#include <sstream>
-
 #include "cli_util.h"
 #include "commands.h"
 #include "moekit/device.h"
@@ -34,29 +30,6 @@ struct RouteOptions {
   int show = 4;
 };
 
-// Reads whitespace-separated floats; the token count is the value count divided by E.
-std::vector<float> read_logits(const std::string& path, int experts, int64_t& tokens) {
-  std::ifstream in(path);
-  if (!in) throw InvalidArgument("route", fmt::format("logits file '{}' cannot be opened", path));
-  std::vector<float> values;
-  std::string word;
-  while (in >> word) {
-    try {
-      size_t used = 0;
-      values.push_back(std::stof(word, &used));
-      if (used != word.size()) throw std::invalid_argument(word);
-    } catch (const std::exception&) {
-      throw InvalidArgument("route", fmt::format("logits file '{}': '{}' is not a number", path, word));
-    }
-  }
-  if (values.empty() || values.size() % static_cast<size_t>(experts) != 0)
-    throw InvalidArgument("route", fmt::format("logits file '{}' holds {} values, which must be a positive multiple "
-                                               "of num_experts ({})",
-                                               path, values.size(), experts));
-  tokens = static_cast<int64_t>(values.size()) / experts;
-  return values;
-}
-
 void run_route(const RouteOptions& o) {
   const RoutingConfig cfg = make_routing_config(parse_routing_method(o.method), o.experts, o.top_k, o.shared,
                                                 o.renormalize, o.n_group, o.topk_group, o.scale);
@@ -67,7 +40,7 @@ void run_route(const RouteOptions& o) {
   int64_t tokens = o.tokens;
   std::vector<float> logits;
   if (!o.logits_file.empty()) {
-    logits = read_logits(o.logits_file, o.experts, tokens);
+    logits = read_logits_file("route", o.logits_file, o.experts, tokens);
   } else {
     if (tokens < 1) throw InvalidArgument("route", fmt::format("tokens ({}) must be >= 1", tokens));
     logits.resize(static_cast<size_t>(tokens) * o.experts);

@@ -1,6 +1,7 @@
 // `moekit tune`: tunes a preset's layer for a list of token counts on the first backend that supports it (with
-// the runner's own synthetic weights) and merges the winners into a persisted cache; `moekit tune --show PATH`
-// prints a cache. Tuning is the staged search of moekit/tuner.h; progress goes to stderr (a bar on a terminal).
+// the runner's own synthetic weights, and its synthetic logits unless --logits names a file of an engine's routing
+// logits) and merges the winners into a persisted cache; `moekit tune --show PATH` prints a cache. Tuning is the
+// staged search of moekit/tuner.h; progress goes to stderr (a bar on a terminal).
 #include <fmt/format.h>
 
 #include <chrono>
@@ -28,6 +29,7 @@ struct TuneCliOptions {
   std::string mode = "skip";
   std::string progress = "auto";
   std::string show;
+  std::string logits;  // text file of N x E floats to time on (TuneOptions::logits)
   uint64_t seed = 1;
 };
 
@@ -111,9 +113,23 @@ void run_tune(const TuneCliOptions& o) {
   const Preset& preset = find_preset(o.preset);
   const std::vector<int64_t> tokens = parse_int_list("tune", o.tokens);
   const Device device = parse_device(o.device);
-  const TuneOptions options{parse_mode(o.mode), parse_progress(o.progress), stderr};
+  TuneOptions options{parse_mode(o.mode), parse_progress(o.progress), stderr};
 
   const LayerSpec spec = preset_layer_spec(preset);
+  // Routing logits to time on: read before anything else is set up, put on the tuning device.
+  int64_t logit_rows = 0;
+  const std::vector<float> logits =
+      o.logits.empty() ? std::vector<float>{} : read_logits_file("tune", o.logits, spec.routing.num_experts, logit_rows);
+  DeviceBuffer device_logits;
+  if (!logits.empty()) {
+    void* data = const_cast<float*>(logits.data());
+    if (device.is_cuda()) {
+      device_logits = DeviceBuffer(logits.size() * sizeof(float), device.index);
+      device_logits.upload(logits.data(), logits.size() * sizeof(float));
+      data = device_logits.data();
+    }
+    options.logits = TensorView::contiguous(data, DType::f32, {logit_rows, spec.routing.num_experts}, device);
+  }
   register_cuda_runners();
   const std::vector<std::string> backends = split_commas(o.backends);
   RunnerSelection selection = select_runner(spec, device, backends);
@@ -122,9 +138,11 @@ void run_tune(const TuneCliOptions& o) {
     if (!v.support.ok) fmt::print("backend {}: skipped ({})\n", v.name, v.support.reason);
   int64_t max_tokens = 0;
   for (int64_t t : tokens) max_tokens = std::max(max_tokens, token_bucket(t));
-  fmt::print("tuning {} on {} with runner {}@{} ({} GEMM1 x {} GEMM2 tactics), buckets up to {}\n", preset.name,
+  fmt::print("tuning {} on {} with runner {}@{} ({} GEMM1 x {} GEMM2 tactics), buckets up to {}, {}\n", preset.name,
              device_name(device), runner.name(), runner.version(), runner.gemm1_tactics().size(),
-             runner.gemm2_tactics().size(), max_tokens);
+             runner.gemm2_tactics().size(), max_tokens,
+             logits.empty() ? std::string("routing the runner's synthetic logits")
+                            : fmt::format("routing {} rows of logits from {}", logit_rows, o.logits));
   std::fflush(stdout);
 
   // The cache first: a corrupted file fails before minutes of weight generation, and a request it answers
@@ -174,6 +192,9 @@ void add_tune_command(CLI::App& app) {
   cmd->add_option("--progress", opts->progress, "auto (a bar on a terminal) | bar | lines | none")
       ->capture_default_str();
   cmd->add_option("--seed", opts->seed, "Seed of the synthetic weights")->capture_default_str();
+  cmd->add_option("--logits", opts->logits,
+                  "Text file of N x E routing logits (e.g. captured from the engine's router) to time on instead of "
+                  "synthetic ones; fewer rows than a bucket's tokens repeat");
   cmd->add_option("--show", opts->show, "Print the cache at PATH and exit");
   cmd->callback([opts] { run_tune(*opts); });
 }
