@@ -160,8 +160,9 @@ TEST(Cli, BenchMoeLogitSkew) {
     EXPECT_NE(r.output.find(std::string("logit_skew (") + bad + ") must be finite and >= 0"), std::string::npos)
         << r.output;
   }
-  CliRun tuned = run_cli("bench moe --preset mixtral-8x7b --tuned --tokens 1 --samples 1 --verify-tokens 1 "
-                         "--logit-skew 1");
+  CliRun tuned = run_cli(
+      "bench moe --preset mixtral-8x7b --tuned --tokens 1 --samples 1 --verify-tokens 1 "
+      "--logit-skew 1");
   EXPECT_EQ(tuned.output.find("excludes"), std::string::npos) << tuned.output;
   if (tuned.status == 0) {
     EXPECT_NE(tuned.output.find("tuned and timed with each expert's logits offset by a fixed value uniform in "

@@ -662,8 +662,8 @@ TEST(TuneCommand, TunesAPresetOnTheReferenceRunnerAndShowsTheCache) {
   EXPECT_NE(routed.output.find("routing 3 rows of logits from " + logits.string()), std::string::npos)
       << routed.output;
   std::ofstream(dir / "short.txt") << "1 2 3 4 5";
-  Command short_file = run_cli("tune --preset qwen3-30b-a3b --tokens 8 --device cpu --cache " + cache +
-                               " --logits " + (dir / "short.txt").string());
+  Command short_file = run_cli("tune --preset qwen3-30b-a3b --tokens 8 --device cpu --cache " + cache + " --logits " +
+                               (dir / "short.txt").string());
   EXPECT_EQ(short_file.status, 1);
   EXPECT_NE(short_file.output.find("error: moekit::tune: logits file '" + (dir / "short.txt").string() +
                                    "' holds 5 values, which must be a positive multiple of num_experts (128)"),

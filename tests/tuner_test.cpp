@@ -1,6 +1,6 @@
 // Autotuner: token buckets, key sensitivity, staged search on tactics with known costs, the default heuristic,
-// timing on caller-given logits, the persisted cache (round trip, merge, metadata invalidation, corrupted files, two processes saving at once),
-// resuming from a stored shortlist, and the progress output.
+// timing on caller-given logits, the persisted cache (round trip, merge, metadata invalidation, corrupted files, two
+// processes saving at once), resuming from a stored shortlist, and the progress output.
 #include "moekit/tuner.h"
 
 #include <fmt/format.h>
@@ -486,8 +486,7 @@ TEST(StagedTuning, RejectsTimingLogitsThatRouteCannotTake) {
   // The runner checks the lifecycle too.
   FakeRunner unbuilt;
   ASSERT_TRUE(unbuilt.check_support(small_spec(), Device::cpu()).ok);
-  EXPECT_THROW(unbuilt.set_timing_logits(TensorView::contiguous(logits.data(), DType::f32, {4, 8})),
-               InvalidArgument);
+  EXPECT_THROW(unbuilt.set_timing_logits(TensorView::contiguous(logits.data(), DType::f32, {4, 8})), InvalidArgument);
 }
 
 // ---- persisted cache

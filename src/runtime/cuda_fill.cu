@@ -1,6 +1,7 @@
 // Synthetic fills on the device for the CUDA runners: one grid-stride kernel evaluating detail::uniform_at
-// (runtime/synthetic.h) per element; and a row copy that repeats a caller's rows by doubling copies. mix64 is constexpr and compiled for the device through
-// --expt-relaxed-constexpr, so host and device share one definition of the hash.
+// (runtime/synthetic.h) per element; and a row copy that repeats a caller's rows by doubling copies. mix64 is
+// constexpr and compiled for the device through --expt-relaxed-constexpr, so host and device share one definition
+// of the hash.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 

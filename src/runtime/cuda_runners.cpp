@@ -3,7 +3,8 @@
 // caller's stream with no allocation and no synchronization, so a forward() can be captured in a CUDA graph.
 // Its GEMM1 and GEMM2 tactics are the rows of cuda_expert_gemm_tactics(), in table order. Timing for the tuner
 // replays CUDA graphs of whole layer calls on the runner's own synthetic inputs (or a caller's logits,
-// set_timing_logits()) and takes the median of event-timed samples. In a build without CUDA the runner only declines, saying why.
+// set_timing_logits()) and takes the median of event-timed samples. In a build without CUDA the runner only
+// declines, saying why.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -334,10 +335,10 @@ class CudaBf16Runner final : public Runner {
   std::optional<RoutePlan> plan_;
   std::optional<CudaExperts> experts_;
   TensorView routing_bias_{};
-  std::vector<DeviceBuffer> synthetic_;  // build_synthetic() weights
-  std::vector<DeviceBuffer> timing_;     // hidden [max_tokens, H] bf16, logits [max_tokens, E], out
+  std::vector<DeviceBuffer> synthetic_;     // build_synthetic() weights
+  std::vector<DeviceBuffer> timing_;        // hidden [max_tokens, H] bf16, logits [max_tokens, E], out
   DType timing_logits_dtype_ = DType::f32;  // timing_[1]'s: fp32 synthetic, or a caller's fp32 / bf16 rows
-  std::map<int64_t, double> best_seen_;  // fastest median per token count since the last build
+  std::map<int64_t, double> best_seen_;     // fastest median per token count since the last build
   cudaStream_t stream_ = nullptr;
   cudaEvent_t start_ = nullptr, stop_ = nullptr;
 };

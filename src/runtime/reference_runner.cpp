@@ -109,9 +109,8 @@ class ReferenceRunner final : public Runner {
     for (int64_t r = 0; r < cap; ++r)
       for (int64_t j = 0; j < e; ++j) {
         const int64_t at = (r % n) * logits.stride(0) + j;
-        timing_logits_[static_cast<size_t>(r * e + j)] = logits.dtype == DType::f32
-                                                             ? logits.as<float>()[at]
-                                                             : bf16_to_float(logits.as<uint16_t>()[at]);
+        timing_logits_[static_cast<size_t>(r * e + j)] =
+            logits.dtype == DType::f32 ? logits.as<float>()[at] : bf16_to_float(logits.as<uint16_t>()[at]);
       }
   }
 

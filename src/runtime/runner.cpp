@@ -142,8 +142,8 @@ void Runner::set_timing_logits(const TensorView& logits) {
   if (logits.present()) {
     validate_route_args(spec_.routing, logits, {}, {}, std::numeric_limits<int64_t>::max(), device_);
     if (logits.shape[0] < 1)
-      throw InvalidArgument("layer", fmt::format("runner '{}': timing logits ({}) must have at least one row",
-                                                 name(), logits.describe()));
+      throw InvalidArgument("layer", fmt::format("runner '{}': timing logits ({}) must have at least one row", name(),
+                                                 logits.describe()));
   }
   do_set_timing_logits(logits);
 }

@@ -621,20 +621,20 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       // A few large experts (mixtral): 64x256 below 56 routed rows per expert, swapped 96x256 from 56 to 64; above,
       // by bands of rows per expert where the 128-row tiles' padding and GEMM2's waves decide: 128x256 at 65-111
       // rows and from 3072 on, 64x256 between.
-      {"mixtral-8x7b", 128, small},          // 32 rows
-      {"mixtral-8x7b", 220, small},          // 55 rows
-      {"mixtral-8x7b", 221, swap96},         // 56 rows
-      {"mixtral-8x7b", 256, swap96},         // 64 rows
-      {"mixtral-8x7b", 257, large},          // 65 rows
-      {"mixtral-8x7b", 444, large},          // 111 rows
-      {"mixtral-8x7b", 445, small},          // 112 rows
-      {"mixtral-8x7b", 892, small},          // 223 rows
-      {"mixtral-8x7b", 893, small},          // 224 rows
-      {"mixtral-8x7b", 1024, small},         // 256 rows
-      {"mixtral-8x7b", 1276, small},         // 319 rows
-      {"mixtral-8x7b", 1277, small},         // 320 rows
-      {"mixtral-8x7b", 12284, small},        // 3071 rows
-      {"mixtral-8x7b", 12285, large},        // 3072 rows
+      {"mixtral-8x7b", 128, small},    // 32 rows
+      {"mixtral-8x7b", 220, small},    // 55 rows
+      {"mixtral-8x7b", 221, swap96},   // 56 rows
+      {"mixtral-8x7b", 256, swap96},   // 64 rows
+      {"mixtral-8x7b", 257, large},    // 65 rows
+      {"mixtral-8x7b", 444, large},    // 111 rows
+      {"mixtral-8x7b", 445, small},    // 112 rows
+      {"mixtral-8x7b", 892, small},    // 223 rows
+      {"mixtral-8x7b", 893, small},    // 224 rows
+      {"mixtral-8x7b", 1024, small},   // 256 rows
+      {"mixtral-8x7b", 1276, small},   // 319 rows
+      {"mixtral-8x7b", 1277, small},   // 320 rows
+      {"mixtral-8x7b", 12284, small},  // 3071 rows
+      {"mixtral-8x7b", 12285, large},  // 3072 rows
       // Interleaved w13 (GEMM1's fused gated epilogue) takes the same tiles.
       {"mixtral-8x7b", 444, large, nullptr, interleaved},   // 111 rows
       {"mixtral-8x7b", 893, small, nullptr, interleaved},   // 224 rows

@@ -429,8 +429,8 @@ TEST_F(GpuLayer, TuningScopeTunesTheGpuRunnerIntoTheCache) {
 TEST_F(GpuLayer, TimingLogitsAreCopiedRowByRowInCycles) {
   MOEKIT_REQUIRE_SM90();
   // n source rows of `width` bytes, `pitch` bytes apart, into `rows` packed rows: dst row r = src row r mod n.
-  for (const auto& [n, rows, width, pitch] : {std::array<int64_t, 4>{3, 11, 20, 28}, {1, 16, 8, 8}, {5, 5, 12, 16},
-                                              {4, 1000, 64, 64}, {7, 9, 4, 12}}) {
+  for (const auto& [n, rows, width, pitch] :
+       {std::array<int64_t, 4>{3, 11, 20, 28}, {1, 16, 8, 8}, {5, 5, 12, 16}, {4, 1000, 64, 64}, {7, 9, 4, 12}}) {
     std::vector<uint8_t> src(static_cast<size_t>(n * pitch));
     for (uint8_t& b : src) b = static_cast<uint8_t>(rng_());
     DeviceBuffer d_src(src.size()), d_dst(static_cast<size_t>(rows * width));
@@ -472,8 +472,9 @@ TEST_F(GpuLayer, TunesOnGivenLogits) {
   }
   // Host logits are not the runner's device; the runner still runs on its synthetic logits afterwards.
   std::vector<float> host(static_cast<size_t>(e), 0.0f);
-  EXPECT_EQ(error_of<InvalidArgument>(
-                [&] { r->set_timing_logits(TensorView::contiguous(host.data(), DType::f32, {1, e})); }),
+  EXPECT_EQ(error_of<InvalidArgument>([&] {
+              r->set_timing_logits(TensorView::contiguous(host.data(), DType::f32, {1, e}));
+            }),
             "moekit::route: logits.device (cpu) must be the routing device (cuda:0)");
   EXPECT_GT(r->time_tactics(r->default_tactics(256), 256), 0.0);
   r->set_timing_logits(hot);

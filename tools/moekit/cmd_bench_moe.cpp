@@ -395,10 +395,10 @@ void add_bench_moe_command(CLI::App& bench) {
                   "0.01 sends rows to every expert, 0.5 concentrates them (deepseek-v3: 45-89 of 256 experts)")
       ->excludes(tuned);
   cmd->add_option(
-         "--logit-skew", opts->logit_skew,
-         "Routing skew: each expert's logits offset by a fixed value uniform in [-S, S) (logits in [-2, 2)), "
-         "so some experts draw more rows than others; 0 (the default): every expert equally likely (--tuned: the "
-         "tuner times on these logits too)");
+      "--logit-skew", opts->logit_skew,
+      "Routing skew: each expert's logits offset by a fixed value uniform in [-S, S) (logits in [-2, 2)), "
+      "so some experts draw more rows than others; 0 (the default): every expert equally likely (--tuned: the "
+      "tuner times on these logits too)");
   cmd->add_flag("--cublas", opts->cublas,
                 "Also time cuBLAS strided-batched GEMM1 and GEMM2 on the same weights with the call's rows split "
                 "evenly over its active experts (a same-run reference without routing skew, gather, activation or "

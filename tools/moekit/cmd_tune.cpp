@@ -118,8 +118,9 @@ void run_tune(const TuneCliOptions& o) {
   const LayerSpec spec = preset_layer_spec(preset);
   // Routing logits to time on: read before anything else is set up, put on the tuning device.
   int64_t logit_rows = 0;
-  const std::vector<float> logits =
-      o.logits.empty() ? std::vector<float>{} : read_logits_file("tune", o.logits, spec.routing.num_experts, logit_rows);
+  const std::vector<float> logits = o.logits.empty()
+                                        ? std::vector<float>{}
+                                        : read_logits_file("tune", o.logits, spec.routing.num_experts, logit_rows);
   DeviceBuffer device_logits;
   if (!logits.empty()) {
     void* data = const_cast<float*>(logits.data());
