@@ -78,11 +78,12 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
 // 8192 0.949 / 0.982 / 0.978 / 0.985 with 64x256 for both, and T = 16384 1.019-1.043 with any 64x256; the bands'
 // edges lie between those token counts, and the bands held between them: T = 640 / 1152 / 1280 / 2560 / 6144 0.879 /
 // 0.988 / 0.989 / 0.987 / 0.993 against 128x256 for both). From 224 to 319 rows GEMM1 also takes 64x256, since
-// routing is never uniform in an engine: against 128x256 / 64x256 (same call, "Thirty-fourth session"), uniform
-// routing at T = 896 / 1024 / 1152 1.021 / 1.010 / 0.941, with the hottest expert at 1.3-1.4x the mean (bench moe
-// --logit-skew 0.5) 0.942 / 0.983 / 0.967; the 128-row tiles pad the experts that the skew moves off a multiple of
-// 128 rows by up to a tile each (with interleaved w13 the 64x256 tile's fused epilogue adds to that: T = 1024 0.975
-// against 1.014 on 128x256 / 64x256). Above 256 rows on the others 128x256 (gpt-oss at 512
+// routing is never uniform in an engine: against 128x256 / 64x256 (paired runs, "Thirty-fourth session"), uniform
+// routing at T = 893 / 896 / 1024 / 1152 / 1276 1.015 / 1.021 / 1.010 / 0.941 / 0.965, with the hottest expert at
+// 1.2x the mean (bench moe --logit-skew 0.25) T = 893 / 1024 / 1276 0.986 / 0.963 / 0.979, at 1.4x (0.5) T = 896 /
+// 1024 / 1152 0.942 / 0.983 / 0.967; the 128-row tiles pad each expert that skew moves off a multiple of 128 rows
+// by up to a tile (with interleaved w13 the 64x256 tile's fused epilogue adds to that: T = 1024 0.975 against 1.014
+// on 128x256 / 64x256). Above 256 rows on the others 128x256 (gpt-oss at 512
 // rows: 1.14x over 64x256; deepseek-v3 at 256 rows: within 0.4%); swapped 32x128 tiles up to 16 routed rows per
 // expert, with shared experts (T rows each, ceil(T / 32) tiles per weight tile) up to T = 64 ("Seventeenth session",
 // experts time against 64x256: mixtral T = 8 / 16 / 64 0.979 / 0.980 / 0.982, qwen3 T = 32 0.963, gpt-oss T = 64 /
@@ -95,7 +96,11 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
 // / 0.967 / 0.984, qwen3 T = 1280 (80) 0.965, gpt-oss T = 2560 (80) 0.943; outside the band qwen3-next 60 / 100
 // rows 1.028 / 1.075, qwen3 and gpt-oss 64 / 96 rows 0.993-1.011 / 1.036-1.067, and deepseek-v3's large experts
 // 1.004-1.015 at 64-80 rows; inside the band GEMM2 on 64x256 / 128x256 instead ran 1.002-1.029 / 1.009-1.014x,
-// "Twenty-ninth session"). On a few large experts swapped 96x256 tiles take 56-64 rows: there the hottest of
+// "Twenty-ninth session"). That band wins only on near-uniform routing: with skew, 64x256 for both ran, against it,
+// qwen3-next T = 4096 0.945 / 0.929 (S = 0.25 / 0.5), qwen3 T = 1280 0.983 / 0.937 and gpt-oss T = 2560 0.977 /
+// 0.998, and 1.020 on qwen3-next with uniform routing in the same call ("Thirty-fourth session"). It is kept for the
+// uniform routing the benchmarks use; an engine whose routing is skewed tunes on its own logits (TuneOptions::logits,
+// moekit tune --logits). On a few large experts swapped 96x256 tiles take 56-64 rows: there the hottest of
 // mixtral's 8 experts outgrows one 64-row tile (each extra row tile streams the expert's weights again), while one
 // 96-row tile holds it with half the mean to spare for skewed routing ("Twenty-eighth session", same call, against
 // the 64x256 / 128x256 defaults: mixtral T = 224 / 240 / 256 0.917 / 0.932 / 0.957-0.973; at 44-52 rows
@@ -105,8 +110,8 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
 // (S = 0.25 / 0.5) the band's T = 224 / 240 / 256 ran 0.927-0.961 of the old tiles' time, with it at 98-115 rows
 // (S = 1, 1.75-1.8x the mean) 1.052-1.123. Likewise at 224-288 rows, where three 96-row tiles hold an expert that
 // needs three 128-row tiles above 256 rows: swapped 96x256 for both GEMMs ran 0.934 / 0.987 of 128x256 / 64x256 at
-// mixtral T = 1024 / 1152 with uniform routing, but 1.037 at T = 1024 with S = 0.5 (hottest expert 361 rows) and 1.111 at
-// T = 896 ("Thirty-third session"); not taken.
+// mixtral T = 1024 / 1152 with uniform routing, but 1.037 at T = 1024 with S = 0.5 (hottest expert 361 rows) and
+// 1.111 at T = 896 ("Thirty-third session"); not taken.
 constexpr int64_t kAny = INT64_MAX;
 struct HeuristicRule {
   int64_t min_rows = 0, max_rows = kAny, max_tokens = kAny, min_weights = 0, max_weights = kAny;
