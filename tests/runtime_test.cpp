@@ -661,6 +661,9 @@ TEST(TuneCommand, TunesAPresetOnTheReferenceRunnerAndShowsTheCache) {
   ASSERT_EQ(routed.status, 0) << routed.output;
   EXPECT_NE(routed.output.find("routing 3 rows of logits from " + logits.string()), std::string::npos)
       << routed.output;
+  Command shown = run_cli("tune --show " + cache);
+  EXPECT_NE(shown.output.find("timed at T=8 on given routing logits"), std::string::npos) << shown.output;
+  EXPECT_NE(shown.output.find("timed at T=4 on synthetic routing logits"), std::string::npos) << shown.output;
   std::ofstream(dir / "short.txt") << "1 2 3 4 5";
   Command short_file = run_cli("tune --preset qwen3-30b-a3b --tokens 8 --device cpu --cache " + cache + " --logits " +
                                (dir / "short.txt").string());

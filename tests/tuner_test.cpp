@@ -431,6 +431,7 @@ TEST(StagedTuning, TimesOnTheGivenLogitsAndThenGoesBackToTheSynthetic) {
   for (const void* p : r->timed_logits) EXPECT_EQ(p, logits.data());
   EXPECT_EQ(r->timing_logits_sets, (std::vector<const void*>{logits.data(), nullptr}));
   EXPECT_EQ(r->timing_logits, nullptr);
+  for (const auto& [key, e] : tuner.entries()) EXPECT_EQ(e.routing, "given") << key;
   // Without logits the timings stay on the synthetic ones and nothing is set.
   r->timing_logits_sets.clear();
   r->timed_logits.clear();
@@ -438,6 +439,7 @@ TEST(StagedTuning, TimesOnTheGivenLogitsAndThenGoesBackToTheSynthetic) {
   ASSERT_EQ(r->timed_logits.size(), 36u);
   for (const void* p : r->timed_logits) EXPECT_EQ(p, nullptr);
   EXPECT_TRUE(r->timing_logits_sets.empty());
+  for (const auto& [key, e] : tuner.entries()) EXPECT_EQ(e.routing, "synthetic") << key;
   // A request the cache answers times nothing and does not touch the logits.
   tuner.tune(*r, small_spec(), tokens, {.logits = view});
   EXPECT_TRUE(r->timing_logits_sets.empty());
@@ -627,6 +629,29 @@ TEST(TuningCache, CorruptedFileIsReportedAndLeftAlone) {
                                          "' is not a valid tuning cache: entry 'k'.gemm1 must be a string");
   }
   EXPECT_EQ(read_all(path), wrong);
+  // An entry written before the routing field reads as timed on synthetic logits; an unknown routing is an error.
+  const std::string entry = R"({"format": "moekit-tuning-cache", "format_version": 1,
+    "metadata": {"library_version": "0.1.0", "device_name": "Test GPU", "sm_count": 132, "cuda_version": 12080},
+    "entries": {"k": {"gemm1": "g1_0", "gemm2": "g2_0", "gemm1_shortlist": ["g1_0"], "gemm2_shortlist": ["g2_0"],
+                      "seconds": 1.0, "default_seconds": 1.0, "tokens": 1ROUTING}}})";
+  auto with_routing = [&](const std::string& routing) {
+    std::string text = entry;
+    text.replace(text.find("ROUTING"), 7, routing);
+    return text;
+  };
+  write_all(path, with_routing(""));
+  EXPECT_EQ(Autotuner::read_file(path).entries.at("k").routing, "synthetic");
+  write_all(path, with_routing(R"(, "routing": "given")"));
+  EXPECT_EQ(Autotuner::read_file(path).entries.at("k").routing, "given");
+  write_all(path, with_routing(R"(, "routing": "real")"));
+  try {
+    Autotuner::read_file(path);
+    FAIL() << "no throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()), "moekit::tuner: cache file '" + path.string() +
+                                         "' is not a valid tuning cache: entry 'k'.routing ('real') must be "
+                                         "\"synthetic\" or \"given\"");
+  }
   try {
     Autotuner::read_file(dir / "absent.json");
     FAIL() << "no throw";

@@ -85,6 +85,9 @@ struct TuningEntry {
   double seconds = 0;          // the winner's end-to-end time (its median over the final stage's rounds)
   double default_seconds = 0;  // the default pair's, timed in the same rounds at `tokens`, for comparison
   int64_t tokens = 0;          // token count that was timed (the bucket, capped at the runner's max_tokens)
+  // What the timings routed: "synthetic" (the runner's own logits) or "given" (TuneOptions::logits). A cache file
+  // written without the field reads as "synthetic".
+  std::string routing = "synthetic";
   friend bool operator==(const TuningEntry&, const TuningEntry&) = default;
 };
 

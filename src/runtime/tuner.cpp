@@ -206,6 +206,7 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
     runner.set_timing_logits(options.logits);
     restore.runner = &runner;
   }
+  const char* const routing = options.logits.present() ? "given" : "synthetic";
   detail::TuneProgress progress(options.progress, options.progress_stream, fmt::format("tune {}", runner.name()),
                                 total);
   std::vector<TuneResult> results;
@@ -250,6 +251,7 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
       e.gemm1 = tactics1[r.best.gemm1].name;
       e.gemm2 = tactics2[r.best.gemm2].name;
       e.tokens = at;
+      e.routing = routing;
       insert(r.key, e);
     } else {
       const TacticPair def = runner.default_tactics(at);
@@ -267,6 +269,7 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
       e.gemm1_shortlist = names_of(tactics1, s1);
       e.gemm2_shortlist = names_of(tactics2, s2);
       e.tokens = at;
+      e.routing = routing;
       insert(r.key, e);
     }
     progress.bucket_done(r, tactics1[r.best.gemm1].name, tactics2[r.best.gemm2].name);

@@ -104,6 +104,12 @@ CacheFile parse_cache(const fs::path& p, const std::string& text) {
     e.seconds = get_number(p, v, "seconds", where);
     e.default_seconds = get_number(p, v, "default_seconds", where);
     e.tokens = get_int(p, v, "tokens", where);
+    if (v.contains("routing")) {  // absent in caches written before the field: their timings were synthetic
+      e.routing = get_string(p, v, "routing", where);
+      if (e.routing != "synthetic" && e.routing != "given")
+        bad_file(p, fmt::format("is not a valid tuning cache: {}.routing ('{}') must be \"synthetic\" or \"given\"",
+                                where, e.routing));
+    }
     file.entries.emplace(key, std::move(e));
   }
   return file;
@@ -118,7 +124,8 @@ json to_json(const CacheFile& file) {
                     {"gemm2_shortlist", e.gemm2_shortlist},
                     {"seconds", e.seconds},
                     {"default_seconds", e.default_seconds},
-                    {"tokens", e.tokens}};
+                    {"tokens", e.tokens},
+                    {"routing", e.routing}};
   const CacheMetadata& m = file.metadata;
   return {{"format", kFormat},
           {"format_version", kFormatVersion},

@@ -93,9 +93,9 @@ void show_cache(const std::string& path) {
   if (!mismatch.empty()) fmt::print("  not valid on this machine: {} (this machine vs the file)\n", mismatch);
   for (const auto& [key, e] : file.entries) {
     fmt::print("\n{}\n", key);
-    fmt::print("  gemm1={} gemm2={}  {} (default {}, {:.2f}x), timed at T={}\n", e.gemm1, e.gemm2,
-               seconds_text(e.seconds), seconds_text(e.default_seconds),
-               e.seconds > 0 ? e.default_seconds / e.seconds : 0.0, e.tokens);
+    fmt::print("  gemm1={} gemm2={}  {} (default {}, {:.2f}x), timed at T={} on {} routing logits\n", e.gemm1,
+               e.gemm2, seconds_text(e.seconds), seconds_text(e.default_seconds),
+               e.seconds > 0 ? e.default_seconds / e.seconds : 0.0, e.tokens, e.routing);
     fmt::print("  shortlist: gemm1 [{}] x gemm2 [{}]\n", join(e.gemm1_shortlist), join(e.gemm2_shortlist));
   }
 }
