@@ -396,6 +396,36 @@ TEST(MoELayerTactics, ForwardRunsTheDefaultOutsideATuningScopeAndTunesInsideOne)
   EXPECT_EQ(layer.max_tokens(), 64);
 }
 
+// Inside a tuning scope an untuned bucket is tuned on the forward() call's own logits, or on the scope's where it
+// names some; the runner is back on its synthetic logits afterwards.
+TEST(MoELayerTactics, ATuningScopeTunesOnTheCallsLogitsUnlessItNamesSome) {
+  register_layer_fake();
+  const LayerSpec spec = small_spec();
+  HostWeights w(spec);
+  Autotuner tuner(CacheMetadata{"0.1.0", "Test GPU", 1, 0});
+  MoELayer layer(spec.experts, spec.routing, spec.quant, w.views,
+                 {.backends = {kLayerFake}, .max_tokens = 64, .tuner = &tuner});
+  auto& fake = dynamic_cast<FakeRunner&>(layer.runner());
+  HostInputs x(spec, 5);
+  {
+    TuningScope scope;
+    layer.forward(x.views.hidden, x.views.logits, x.views.out);
+  }
+  EXPECT_EQ(fake.timing_logits_sets, (std::vector<const void*>{x.views.logits.data, nullptr}));
+  ASSERT_EQ(fake.timed_logits.size(), 21u);
+  for (const void* p : fake.timed_logits) EXPECT_EQ(p, x.views.logits.data);
+  EXPECT_EQ(tuner.find(tuning_key(fake, spec, 5))->routing, "given");
+
+  std::vector<float> own(2 * 8, 1.0f);
+  HostInputs y(spec, 9);  // bucket 16
+  {
+    TuningScope scope({.logits = TensorView::contiguous(own.data(), DType::f32, {2, 8})});
+    layer.forward(y.views.hidden, y.views.logits, y.views.out);
+  }
+  EXPECT_EQ(fake.timing_logits_sets, (std::vector<const void*>{x.views.logits.data, nullptr, own.data(), nullptr}));
+  EXPECT_EQ(fake.timing_logits, nullptr);
+}
+
 // Without a cache entry, or with one whose winner is the default where it was timed, the layer runs the runner's
 // default for T itself, which may differ inside one bucket (T = 9 and 13 share bucket 16); a bucket whose winner is
 // another pair runs that winner for every T.

@@ -272,7 +272,8 @@ class MoELayer {
   /// out [T, H] bf16 = the MoE layer applied to hidden [T, H] bf16 routed by logits [T, E] (+ the layer's bias),
   /// T <= max_tokens; optional replay [R, K] int16 receives the routed ids. Runs the tuner's choice: the cached
   /// winner of T's bucket, else (no entry, or a winner that is the default where the bucket was timed) the runner's
-  /// default heuristic for T; inside a TuningScope a bucket without an entry is tuned first.
+  /// default heuristic for T; inside a TuningScope a bucket without an entry is tuned first (on the scope's logits,
+  /// else on this call's).
   /// The first call per bucket looks the choice up (host allocation); later calls reuse it until the tuner changes.
   /// Throws InvalidArgument for bad inputs.
   void forward(const TensorView& hidden, const TensorView& logits, const TensorView& out, Stream stream = nullptr,

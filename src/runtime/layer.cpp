@@ -30,8 +30,9 @@ struct MoELayer::State {
   }
 
   // A bucket's tuned winner, else (no entry, or the entry confirmed the default) the runner's default for this T: the
-  // heuristic's thresholds need not fall on bucket edges; it is a table lookup, no allocation.
-  TacticPair pick(int64_t tokens) {
+  // heuristic's thresholds need not fall on bucket edges; it is a table lookup, no allocation. Inside a tuning scope
+  // an untuned bucket is tuned first, on the scope's logits or else on this call's `logits`: the engine's routing.
+  TacticPair pick(int64_t tokens, const TensorView& logits) {
     drop_memo_if_stale();
     const size_t i =
         static_cast<size_t>(std::lower_bound(buckets.begin(), buckets.end(), token_bucket(tokens)) - buckets.begin());
@@ -41,7 +42,9 @@ struct MoELayer::State {
       TacticChoice c = tuner->choose(*runner, spec, tokens);
       if (!c.tuned && scope) {
         const int64_t request[] = {tokens};
-        tuner->tune(*runner, spec, request, *scope);
+        TuneOptions options = *scope;
+        if (!options.logits.present()) options.logits = logits;
+        tuner->tune(*runner, spec, request, options);
         c = tuner->choose(*runner, spec, tokens);
         drop_memo_if_stale();
       }
@@ -87,7 +90,7 @@ void MoELayer::forward(const TensorView& hidden, const TensorView& logits, const
   validate_layer_inputs(s.spec, in, s.max_tokens, s.runner->device());
   const int64_t tokens = hidden.shape[0];
   if (tokens == 0) return;
-  s.runner->execute(in, s.pick(tokens), stream);
+  s.runner->execute(in, s.pick(tokens, logits), stream);
 }
 
 std::vector<TuneResult> MoELayer::tune(std::span<const int64_t> tokens, const TuneOptions& options) {
