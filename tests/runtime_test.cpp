@@ -353,13 +353,25 @@ void register_layer_fake() {
                    }});
 }
 
+// A MoELayer for small_spec() on the fake layer runner, with a tuner of its own.
+struct FakeLayer {
+  LayerSpec spec = small_spec();
+  HostWeights w{spec};
+  Autotuner tuner{CacheMetadata{"0.1.0", "Test GPU", 1, 0}};
+  MoELayer layer{make()};
+
+  MoELayer make() {
+    register_layer_fake();
+    return MoELayer(spec.experts, spec.routing, spec.quant, w.views,
+                    {.backends = {kLayerFake}, .max_tokens = 64, .tuner = &tuner});
+  }
+};
+
 TEST(MoELayerTactics, ForwardRunsTheDefaultOutsideATuningScopeAndTunesInsideOne) {
-  register_layer_fake();
-  const LayerSpec spec = small_spec();
-  HostWeights w(spec);
-  Autotuner tuner(CacheMetadata{"0.1.0", "Test GPU", 1, 0});
-  MoELayer layer(spec.experts, spec.routing, spec.quant, w.views,
-                 {.backends = {kLayerFake}, .max_tokens = 64, .tuner = &tuner});
+  FakeLayer f;
+  const LayerSpec& spec = f.spec;
+  Autotuner& tuner = f.tuner;
+  MoELayer& layer = f.layer;
   EXPECT_EQ(layer.backend(), kLayerFake);
   ASSERT_EQ(layer.verdicts().size(), 1u);
   EXPECT_TRUE(layer.verdicts()[0].support.ok);
@@ -399,12 +411,10 @@ TEST(MoELayerTactics, ForwardRunsTheDefaultOutsideATuningScopeAndTunesInsideOne)
 // Inside a tuning scope an untuned bucket is tuned on the forward() call's own logits, or on the scope's where it
 // names some; the runner is back on its synthetic logits afterwards.
 TEST(MoELayerTactics, ATuningScopeTunesOnTheCallsLogitsUnlessItNamesSome) {
-  register_layer_fake();
-  const LayerSpec spec = small_spec();
-  HostWeights w(spec);
-  Autotuner tuner(CacheMetadata{"0.1.0", "Test GPU", 1, 0});
-  MoELayer layer(spec.experts, spec.routing, spec.quant, w.views,
-                 {.backends = {kLayerFake}, .max_tokens = 64, .tuner = &tuner});
+  FakeLayer f;
+  const LayerSpec& spec = f.spec;
+  Autotuner& tuner = f.tuner;
+  MoELayer& layer = f.layer;
   auto& fake = dynamic_cast<FakeRunner&>(layer.runner());
   HostInputs x(spec, 5);
   {
