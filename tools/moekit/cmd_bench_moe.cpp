@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -257,11 +256,8 @@ void run_tuned(const BenchMoeCli& o) {
   const Preset& preset = find_preset(o.preset);
   if (o.gemm1 >= 0 || o.gemm2 >= 0) throw InvalidArgument("bench", "--tuned picks the tactics: drop --gemm1/--gemm2");
   const std::vector<int64_t> tokens = o.tokens_given ? o.tokens : std::vector<int64_t>{1, 64, 4096};
-  for (int64_t t : tokens)
-    if (t < 1) throw InvalidArgument("bench", fmt::format("tokens ({}) must be >= 1", t));
-  if (o.samples < 1) throw InvalidArgument("bench", fmt::format("samples ({}) must be >= 1", o.samples));
-  if (!std::isfinite(o.logit_skew) || o.logit_skew < 0.0f)
-    throw InvalidArgument("bench", fmt::format("logit_skew ({}) must be finite and >= 0", o.logit_skew));
+  // The plain benchmark's rules for the options both take (token counts, samples, skew).
+  check_moe_bench_options({.preset = o.preset, .tokens = tokens, .samples = o.samples, .logit_skew = o.logit_skew});
   const LayerSpec spec = preset_layer_spec(preset);
   register_cuda_runners();
   std::unique_ptr<Runner> gpu = make_runner("cuda_bf16");
