@@ -8,10 +8,11 @@
 # Both binaries take the same arguments (--kernels is always passed), then A_ARGS / B_ARGS (environment) to the side
 # alone, e.g. one binary against itself with other tactics:
 #   A_ARGS="--gemm1 3 --gemm2 3" B_ARGS="--gemm1 4 --gemm2 4" scripts/ab-moe.sh BIN BIN OUT mixtral-8x7b 512,1024
+# AB_METRIC names the row field compared last (default experts_graph_us; e.g. route_experts_graph_us).
 # A failed run is reported and skipped.
 set -uo pipefail
 if [[ $# -lt 5 ]]; then
-  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 bin_a="$1" bin_b="$2" out="$3" presets="$4" tokens="$5"
@@ -36,5 +37,5 @@ for ((r = 1; r <= rounds; ++r)); do
     done
   done
 done
-python3 "$root/scripts/ab_moe_table.py" "$out" || failed=1
+python3 "$root/scripts/ab_moe_table.py" "$out" "${AB_METRIC:-experts_graph_us}" || failed=1
 exit "$failed"

@@ -1,8 +1,9 @@
 """Summarizes scripts/ab-moe.sh runs: OUT_DIR/{A,B}_PRESET_rROUND.json (bench moe --json) -> markdown tables.
 
 For each preset and T: each kernel position's cold median (median over rounds) for A and B; then, last so that the
-tail of any log shows it, the median over rounds of the experts graph time of A and of B, their ratio (B / A, below
-1 when B is faster) and the range over rounds. Usage: python3 scripts/ab_moe_table.py OUT_DIR
+tail of any log shows it, the median over rounds of the experts graph time of A and of B (or another row field,
+e.g. route_experts_graph_us), their ratio (B / A, below 1 when B is faster) and the range over rounds.
+Usage: python3 scripts/ab_moe_table.py OUT_DIR [FIELD]
 """
 import json
 import re
@@ -45,9 +46,10 @@ def median_kernel(rounds, i):
 
 
 def main(argv):
-    if len(argv) != 2:
+    if len(argv) not in (2, 3):
         print(__doc__.strip())
         return 2
+    field = argv[2] if len(argv) == 3 else "experts_graph_us"
     runs = load(argv[1])
     if not runs:
         print(f"no A_*/B_* JSON files in {argv[1]}")
@@ -63,14 +65,15 @@ def main(argv):
             name = (ka[0][i] if i < len(ka[0]) else kb[0][i])["name"]
             print(f"| {preset} | {tokens} | {i} | {name} | {median_kernel(ka, i)} | {median_kernel(kb, i)} |")
     print()
+    print(f"{field}:")
     print("| preset | T | A tactics | B tactics | A graph us | B graph us | B / A | A range | B range |")
     print("|---|---|---|---|---|---|---|---|---|")
     for preset, tokens, a, b in cells(runs):
         if not a or not b:
             print(f"| {preset} | {tokens} | missing {'A' if not a else 'B'} |||||||")
             continue
-        ga = [r["experts_graph_us"] for r in a]
-        gb = [r["experts_graph_us"] for r in b]
+        ga = [r[field] for r in a]
+        gb = [r[field] for r in b]
         ma, mb = statistics.median(ga), statistics.median(gb)
         ta = f"{a[0]['gemm1']} / {a[0]['gemm2']}"
         tb = f"{b[0]['gemm1']} / {b[0]['gemm2']}"

@@ -156,7 +156,8 @@ struct MoeBenchRow {
   double experts_cold_us = 0, experts_graph_us = 0;              // medians: cold-L2 kernel time / graph replay
   double route_experts_cold_us = 0, route_experts_graph_us = 0;  // router + experts
   double verify_error = 0;                                       // relative Frobenius error against experts_reference
-  std::vector<bench::KernelStat> experts_kernels;  // the experts-only call's kernels in launch order (cold L2)
+  std::vector<bench::KernelStat> experts_kernels;        // the experts-only call's kernels in launch order (cold L2)
+  std::vector<bench::KernelStat> route_experts_kernels;  // the same for router + experts (the router first)
   // MoeBenchOptions::cublas_baseline (else 0 / empty): the rows per expert of the even split, the cold-L2 kernel
   // time (median) of the two batched GEMMs and their kernels in launch order.
   int64_t cublas_rows_per_expert = 0;

@@ -300,6 +300,7 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
     report.timing_source = harness.kernel_time_source();
     row.experts_graph_us = harness.graph_time(experts, 1, timing).median_us;
     row.route_experts_cold_us = harness.kernel_time(both, 1, timing).median_us;
+    row.route_experts_kernels = harness.kernel_breakdown();
     row.route_experts_graph_us = harness.graph_time(both, 1, timing).median_us;
     if (o.cublas_baseline && row.active_experts > 0) {  // a rank's experts may all be idle
       const int64_t batch = row.active_experts;

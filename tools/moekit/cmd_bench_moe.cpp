@@ -88,6 +88,7 @@ nlohmann::json to_json(const MoeBenchReport& r) {
                          {"floor_fraction_cold", x.floor_us / x.experts_cold_us},
                          {"verify_error", x.verify_error}});
     j["rows"].back()["experts_kernels"] = kernels_json(x.experts_kernels);
+    j["rows"].back()["route_experts_kernels"] = kernels_json(x.route_experts_kernels);
     if (x.cublas_rows_per_expert > 0)
       j["rows"].back()["cublas_baseline"] = {{"rows_per_expert", x.cublas_rows_per_expert},
                                              {"cold_us", x.cublas_cold_us},
@@ -166,10 +167,12 @@ void print_kernel_table(std::string_view what, int64_t tokens, const std::vector
   }
 }
 
-// Per T, the experts-only call's kernels in launch order (cold L2, medians), then the cuBLAS reference's (--cublas).
+// Per T, the experts-only call's kernels in launch order (cold L2, medians), the router + experts call's, then the
+// cuBLAS reference's (--cublas).
 void print_kernels(const MoeBenchReport& r) {
   for (const MoeBenchRow& x : r.rows) {
     print_kernel_table("experts call", x.tokens, x.experts_kernels);
+    print_kernel_table("router + experts call", x.tokens, x.route_experts_kernels);
     if (!x.cublas_kernels.empty()) print_kernel_table("cuBLAS reference", x.tokens, x.cublas_kernels);
   }
 }
@@ -384,7 +387,8 @@ void add_bench_moe_command(CLI::App& bench) {
   CLI::Option* tuned =
       cmd->add_flag("--tuned", opts->tuned,
                     "Tune each T's bucket on the cuda_bf16 runner and time the tuned pair against the default pair");
-  cmd->add_flag("--kernels", opts->kernels, "Also print each T's experts kernels (cold L2 median and start gap)")
+  cmd->add_flag("--kernels", opts->kernels,
+                "Also print each T's experts kernels and router + experts kernels (cold L2 median and start gap)")
       ->excludes(tuned);
   cmd->add_option("--bias-scale", opts->bias_scale,
                   "Presets with a selection bias: bias uniform in [-S, S) against logits in [-2, 2); the default "
