@@ -65,8 +65,12 @@ def main(argv):
             name = (ka[0][i] if i < len(ka[0]) else kb[0][i])["name"]
             print(f"| {preset} | {tokens} | {i} | {name} | {median_kernel(ka, i)} | {median_kernel(kb, i)} |")
     print()
+    first = next(r for _, _, a, b in cells(runs) for r in a + b)
+    if field not in first:
+        print(f"no row field {field!r} in the JSON (fields: {', '.join(sorted(first))})")
+        return 2
     print(f"{field}:")
-    print("| preset | T | A tactics | B tactics | A graph us | B graph us | B / A | A range | B range |")
+    print("| preset | T | A tactics | B tactics | A us | B us | B / A | A range | B range |")
     print("|---|---|---|---|---|---|---|---|---|")
     for preset, tokens, a, b in cells(runs):
         if not a or not b:
