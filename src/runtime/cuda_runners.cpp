@@ -26,6 +26,7 @@
 #include "moekit/cuda_experts.h"
 #include "moekit/plan.h"
 #include "runtime/cuda_fill.h"
+#include "runtime/synthetic.h"
 #endif
 
 namespace moekit::detail {
@@ -233,8 +234,7 @@ class CudaBf16Runner final : public Runner {
                         logits.stride(0) * elem, stream_);
       timing_logits_dtype_ = logits.dtype;
     } else {
-      fill_uniform_device(timing_[1].data(), cap * e, false, 12, 2.0f, stream_);
-      timing_logits_dtype_ = DType::f32;
+      fill_synthetic_timing_logits();
     }
     cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize after copying the timing logits");
   }
@@ -266,9 +266,9 @@ class CudaBf16Runner final : public Runner {
     best_seen_.clear();
   }
 
-  // Hidden states, logits and outputs for max_tokens tokens (the reference runner's timing streams 11 and 12; the
-  // logits buffer also holds a caller's bf16 rows, see do_set_timing_logits), plus the stream and events timing
-  // uses. Allocated on the first timing after a build.
+  // Hidden states, logits and outputs for max_tokens tokens (kTimingHidden and kTimingLogits, as in the reference
+  // runner; the logits buffer also holds a caller's bf16 rows, see do_set_timing_logits), plus the stream and events
+  // timing uses. Allocated on the first timing after a build.
   void ensure_timing_inputs() {
     if (stream_ == nullptr) {
       cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
@@ -280,9 +280,16 @@ class CudaBf16Runner final : public Runner {
     timing_.emplace_back(static_cast<size_t>(cap * h * 2), device().index);  // hidden
     timing_.emplace_back(static_cast<size_t>(cap * e * 4), device().index);  // logits
     timing_.emplace_back(static_cast<size_t>(cap * h * 2), device().index);  // out
-    fill_uniform_device(timing_[0].data(), cap * h, true, 11, 1.0f, stream_);
-    fill_uniform_device(timing_[1].data(), cap * e, false, 12, 2.0f, stream_);
+    fill_uniform_device(timing_[0].data(), cap * h, true, kTimingHidden.seed, kTimingHidden.scale, stream_);
+    fill_synthetic_timing_logits();
     cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
+  }
+
+  // timing_[1] = the synthetic logits (fp32), enqueued on stream_.
+  void fill_synthetic_timing_logits() {
+    fill_uniform_device(timing_[1].data(), max_tokens() * spec().routing.num_experts, false, kTimingLogits.seed,
+                        kTimingLogits.scale, stream_);
+    timing_logits_dtype_ = DType::f32;
   }
 
   // Captures `calls` layer calls on `tokens` tokens. Call j reads the token window starting at row

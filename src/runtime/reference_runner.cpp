@@ -104,7 +104,7 @@ class ReferenceRunner final : public Runner {
   void do_set_timing_logits(const TensorView& logits) override {
     ensure_timing_inputs();
     const int64_t e = spec().routing.num_experts, cap = max_tokens();
-    if (!logits.present()) return fill_uniform_f32(timing_logits_, 12, 2.0f);
+    if (!logits.present()) return fill_uniform_f32(timing_logits_, kTimingLogits.seed, kTimingLogits.scale);
     const int64_t n = std::min(logits.shape[0], cap);
     for (int64_t r = 0; r < cap; ++r)
       for (int64_t j = 0; j < e; ++j) {
@@ -123,8 +123,8 @@ class ReferenceRunner final : public Runner {
     timing_hidden_.resize(static_cast<size_t>(cap * h));
     timing_logits_.resize(static_cast<size_t>(cap * e));
     timing_out_.resize(static_cast<size_t>(cap * h));
-    fill_uniform_bf16(timing_hidden_, 11, 1.0f);
-    fill_uniform_f32(timing_logits_, 12, 2.0f);
+    fill_uniform_bf16(timing_hidden_, kTimingHidden.seed, kTimingHidden.scale);
+    fill_uniform_f32(timing_logits_, kTimingLogits.seed, kTimingLogits.scale);
   }
 
   LayerWeights weights_{};

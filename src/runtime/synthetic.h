@@ -38,6 +38,15 @@ void parallel_fill(size_t n, Fill fill) {
   for (std::thread& th : pool) th.join();
 }
 
+/// One synthetic stream: seed and scale of uniform_at().
+struct SyntheticStream {
+  uint64_t seed;
+  float scale;
+};
+/// Every runner's synthetic timing inputs (Runner::time_tactics() without a caller's logits), so that the runners
+/// time the same hidden states and routing: hidden [max_tokens, H] in [-1, 1), logits [max_tokens, E] in [-2, 2).
+inline constexpr SyntheticStream kTimingHidden{11, 1.0f}, kTimingLogits{12, 2.0f};
+
 inline void fill_uniform_bf16(std::span<uint16_t> out, uint64_t seed, float scale) {
   parallel_fill(out.size(), [&](size_t begin, size_t end) {
     for (size_t i = begin; i < end; ++i) out[i] = float_to_bf16(uniform_at(seed, i, scale));
