@@ -4,7 +4,8 @@
 //                 arrays on the device from the plan -> GEMM1 (CUTLASS sm90 ptr-array grouped GEMM, TMA + wgmma) ->
 //                 bias + gated activation -> GEMM2 (grouped) -> deterministic fp32 combine; with interleaved gate/up
 //                 rows, GEMM1 on the cooperative 128x256, pingpong 64x256 and swapped 32x128 tactics applies
-//                 bias + activation in its epilogue and writes only the I act columns;
+//                 bias + activation in its epilogue and writes only the I act columns, and so does GEMM1 on the
+//                 pingpong 64x256 tactic with gate-first or up-first rows when I is a multiple of 128;
 //   decode path:  a memory-bound kernel streaming the weights of each plan block with 16-byte loads (GEMM1 with
 //                 bias + activation fused, then GEMM2), then the same combine.
 // GEMM1 and GEMM2 each pick a kernel from cuda_expert_gemm_tactics(); a deterministic heuristic picks by default.
@@ -56,9 +57,9 @@ struct ExpertTactic {
 
 /// The tactic the default heuristic picks for `config` at T tokens: a table keyed on the expected rows per active
 /// expert, T, the size of one expert's GEMM1 weights, the number of routed experts, the routed rows per expert
-/// (T * top_k / num_experts), the number of shared experts and whether w13 is interleaved (GEMM1 then applies the
-/// gated activation in its epilogue). Deterministic, needs no device (the tuner asks before anything is built);
-/// every field >= 0.
+/// (T * top_k / num_experts) and the number of shared experts; w13's gate/up layout does not change the pick (it only
+/// decides where GEMM1 applies the gated activation in its epilogue). Deterministic, needs no device (the tuner asks
+/// before anything is built); every field >= 0.
 ExpertTactic cuda_expert_default_tactic(const ExpertConfig& config, int64_t tokens);
 
 struct CudaExpertsArgs {

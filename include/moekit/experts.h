@@ -86,7 +86,8 @@ void validate_expert_weights(const ExpertConfig& cfg, const ExpertWeights& w, De
 
 /// Copies w13 [E', 2I, H] or b13 [E', 2I] (contiguous, host memory, any dtype) from the gate/up arrangement `from`
 /// into `to`, writing `dst` (same shape and dtype, not overlapping `src`): e.g. a gate-first checkpoint interleaved
-/// at load time, so that the CUDA backend's GEMM1 applies bias + activation in its epilogue (see cuda_experts.h).
+/// at load time, so that the CUDA backend's GEMM1 applies bias + activation in its epilogue on more of its tactics
+/// than it does for gate-first w13 (see cuda_experts.h).
 /// Throws InvalidArgument (op "experts") naming the bad argument.
 void rearrange_gate_up(const TensorView& src, GateUpLayout from, const TensorView& dst, GateUpLayout to);
 

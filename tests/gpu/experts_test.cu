@@ -345,6 +345,63 @@ TEST(CudaExperts, GatedEpilogue) {
   }
 }
 
+// Gate-first and up-first w13 with I a multiple of 128: tactic 4 runs GEMM1 with the gated activation in its
+// epilogue (B's tiles half from each block), tactic 3 GEMM1 and the activation pass on the same weights. I = 256 and
+// 384 (two and three 256-column tiles, so the second block starts one or one and a half tiles on), H with a K tail,
+// every activation, fp32 / bf16 / no b13 (4-byte aligned too), a fused shared expert, 1 to 1000 tokens, a rank
+// holding 3 of 8 routed experts, and each GEMM1 before every GEMM2 tactic.
+TEST(CudaExperts, GatedEpilogueHalves) {
+  MOEKIT_REQUIRE_SM90();
+  uint32_t salt = 700;
+  auto base = [](GateUpLayout l, int64_t in) {
+    ExpertConfig cfg = reduced(find_preset("qwen3-30b-a3b").experts);
+    cfg.gate_up = l;
+    cfg.intermediate = in;
+    cfg.act = ActivationParams{1.5f, 0.75f, 2.0f};
+    return cfg;
+  };
+  for (GateUpLayout l : {GateUpLayout::gate_first, GateUpLayout::up_first}) {
+    for (int gemm1 : {3, 4}) {
+      for (Activation a : {Activation::silu_gated, Activation::swiglu_clamped, Activation::gelu_gated}) {
+        for (int64_t t : {1, 7, 64, 1000}) {
+          Case c;
+          c.cfg = base(l, t == 64 ? 384 : 256);
+          c.cfg.activation = a;
+          c.cfg.num_shared_experts = 1;
+          c.tokens = t;
+          c.b13 = c.b2 = t != 7;
+          c.bias_dtype = t == 64 ? DType::bf16 : DType::f32;
+          c.bias_offset = t == 1000 ? 4 : 0;
+          c.tactic = {gemm1, t == 64 ? 1 : gemm1};
+          check_case(c, salt++);
+        }
+      }
+      Case c;
+      c.cfg = base(l, 384);
+      c.cfg.num_experts = 8;
+      c.cfg.top_k = 2;
+      c.cfg.local_num_experts = 3;
+      c.cfg.local_expert_offset = 4;
+      c.tokens = 200;
+      c.b13 = c.b2 = true;
+      c.tactic = {gemm1, gemm1};
+      check_case(c, salt++);
+    }
+  }
+  const int n = static_cast<int>(cuda_expert_gemm_tactics().size());
+  for (int gemm1 : {3, 4}) {
+    for (int gemm2 = 0; gemm2 < n; ++gemm2) {
+      Case c;
+      c.cfg = base(gemm2 % 2 == 0 ? GateUpLayout::gate_first : GateUpLayout::up_first, 256);
+      c.cfg.num_shared_experts = 1;
+      c.tokens = 300;
+      c.b13 = c.b2 = true;
+      c.tactic = {gemm1, gemm2};
+      check_case(c, salt++);
+    }
+  }
+}
+
 // Weight rows of at most 512 elements in both GEMMs (H = 264, I = 136): the decode GEMV gives each warp two column
 // pairs; every layout, with biases, at 1 to 8 rows per block (each rows-per-pass kernel) and on more rows than that.
 TEST(CudaExperts, DecodeShortRows) {

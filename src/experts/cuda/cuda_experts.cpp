@@ -50,8 +50,6 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGroupedOps{
 // gpt-oss T = 16384; now, against that pass, gpt-oss T = 16384 0.975, qwen3 with interleaved w13 T = 16384 0.967).
 // The swapped 96x256 tile in that form was mixed (gpt-oss T = 2560 1.013, qwen3 T = 1280 0.993, qwen3-next T = 4096
 // 0.990) and is not built.
-// Gate-first / up-first w13 keep GEMM1 + the pass: pairing their gate and up rows in GEMM1's tiles with a 3D TMA
-// view ran 1.1-2.2x slower (docs/benchmarks.md, "Twelfth session"); rearrange_gate_up() interleaves them instead.
 constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
     nullptr,
     nullptr,
@@ -60,6 +58,18 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
     &detail::sm90_grouped_gemm_gated_pingpong_64x256x64,
     &detail::sm90_grouped_gemm_gated_swap_ab_cooperative_128x32x64,
     nullptr};
+// The same for w13 in two blocks (gate-first / up-first) with I a multiple of kHalvesRows, on the pingpong 64x256
+// tile: tile n loads rows [128 n, 128 n + 128) of each block into its two halves, two TMA boxes per stage (a 3D view
+// that alternated gate and up rows in one box ran 1.1-2.2x slower: docs/benchmarks.md, "Twelfth session"). Experts
+// graph time against GEMM1 + the pass, paired runs on the H200 ("Thirty-sixth session"): qwen3 T = 1024 / 4096
+// 0.960-0.963 / 0.988-1.000, qwen3-next T = 1024 0.972-0.973, mixtral T = 1024 / 4096 0.954-0.956 / 0.977-0.980,
+// deepseek-v3 T = 256 / 1024 0.995 / 0.980-0.983, but deepseek-v3 T = 4096 1.016-1.027. The cooperative 128x256
+// tile in that form was no faster (T = 16384: qwen3 0.994-1.001, qwen3-next 0.992-0.993, deepseek-v3 1.002-1.004,
+// mixtral 1.015-1.016) and is not built; the swapped tile has no such form (its pairs would lie in different
+// warpgroups). Elsewhere these layouts keep GEMM1 + the pass, or rearrange_gate_up() interleaves them.
+constexpr int64_t kHalvesRows = 128;
+constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kHalvesOps{
+    nullptr, nullptr, nullptr, nullptr, &detail::sm90_grouped_gemm_gated_halves_pingpong_64x256x64, nullptr, nullptr};
 
 // Default heuristic, first matching rule. Keys: the rows a routed expert is expected to get (the average over
 // active routed experts, ceil(T*K / min(E, T*K))), T, the size of one expert's GEMM1 weights (2I x H), the number
@@ -202,7 +212,7 @@ struct CudaExperts::Impl {
   void* act = nullptr;  // [cap, I]
   detail::GroupedGemmArgs gemm1, gemm2;
   std::array<GroupedGemmOps, kTactics.size()> ops{};
-  std::array<GroupedGemmOps, kTactics.size()> gated_ops{};  // interleaved w13 only
+  std::array<GroupedGemmOps, kTactics.size()> gated_ops{};  // kGatedOps or kHalvesOps, by w13's layout
   detail::ExpertMap map;                                    // global expert id -> local weights
 
   ~Impl() {
@@ -234,9 +244,12 @@ CudaExperts::CudaExperts(const CudaExpertsArgs& a) : impl_(std::make_unique<Impl
   m.groups = a.config.num_experts + a.config.num_shared_experts;
   for (size_t i = 0; i < kTactics.size(); ++i)
     if (kGroupedOps[i] != nullptr) m.ops[i] = kGroupedOps[i]();
-  if (a.config.gate_up == GateUpLayout::interleaved)
+  const bool halves = a.config.gate_up != GateUpLayout::interleaved && a.config.intermediate % kHalvesRows == 0;
+  if (a.config.gate_up == GateUpLayout::interleaved || halves) {
+    const auto& table = halves ? kHalvesOps : kGatedOps;
     for (size_t i = 0; i < kTactics.size(); ++i)
-      if (kGatedOps[i] != nullptr) m.gated_ops[i] = kGatedOps[i]();
+      if (table[i] != nullptr) m.gated_ops[i] = table[i]();
+  }
   m.map = {a.config.num_experts, a.config.local_expert_offset, a.config.local_experts()};
 
   const ExpertConfig& c = m.cfg;
@@ -299,7 +312,7 @@ CudaExperts::CudaExperts(const CudaExpertsArgs& a) : impl_(std::make_unique<Impl
   bind(m.gemm2, o2);
   // The fused epilogue writes act rows where GEMM2 reads them; run() names the pointer array (it depends on GEMM2's
   // form).
-  m.gemm1.gated = {nullptr, in, bias_ref(m.w.b13), m.map, c.activation, c.act};
+  m.gemm1.gated = {nullptr, in, bias_ref(m.w.b13), m.map, c.activation, c.act, c.gate_up == GateUpLayout::up_first};
 }
 
 CudaExperts::~CudaExperts() = default;

@@ -41,9 +41,9 @@ struct BiasRef {
   bool is_bf16 = false;
 };
 
-/// GEMM1 with the gated activation in its epilogue (w13 rows interleaved gate, up, ...): instead of D, each group
-/// writes act rows through out[g] (the pointers GEMM2 reads act through: its A array, or its B array when GEMM2
-/// runs swapped), adding b13 of the group's local expert.
+/// GEMM1 with the gated activation in its epilogue (w13 rows interleaved gate, up, ..., or in two blocks through the
+/// halves instantiations): instead of D, each group writes act rows through out[g] (the pointers GEMM2 reads act
+/// through: its A array, or its B array when GEMM2 runs swapped), adding b13 of the group's local expert.
 struct GatedEpilogueArgs {
   const void* const* ptr_out = nullptr;  // [G] bf16* on the device
   int64_t ld_out = 0;                    // I
@@ -51,6 +51,7 @@ struct GatedEpilogueArgs {
   ExpertMap map;
   Activation activation = Activation::silu_gated;
   ActivationParams act;
+  bool up_first = false;  // halves instantiations: w13's first block holds the up rows (up_first layout)
 };
 
 /// Argument arrays of one CUTLASS ptr-array grouped GEMM, D[g] = A[g] * B[g]^T with A [M, K] row-major,
@@ -93,6 +94,9 @@ GroupedGemmOps sm90_grouped_gemm_swap_ab_cooperative_128x32x64();
 GroupedGemmOps sm90_grouped_gemm_swap_ab_cooperative_256x96x64();
 // Swapped, with the gated activation fused (interleaved w13).
 GroupedGemmOps sm90_grouped_gemm_gated_swap_ab_cooperative_128x32x64();
+// GEMM1 with the gated activation fused for w13 in two blocks (gate-first or up-first, I a multiple of 128): each
+// 256-column tile pairs 128 rows of one block with the same rows of the other (sm90_halves_mainloop.cuh).
+GroupedGemmOps sm90_grouped_gemm_gated_halves_pingpong_64x256x64();
 
 /// Fills both GEMMs' problem shapes, pointers and strides for every group from the plan's counts and offsets:
 /// GEMM1 group g: M = count (0 for another rank's expert), N = 2I, K = H, A = a1 + off*H, B = w13[local], D = c1 +

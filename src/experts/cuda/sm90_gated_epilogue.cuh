@@ -1,13 +1,17 @@
-// GEMM1's gated activation as a CUTLASS sm90 epilogue visitor node, for w13 with interleaved gate/up rows (row 2i
-// is gate(i), row 2i + 1 up(i)). Plain form: GEMM1's accumulator columns 2i and 2i + 1 of a row are gate(i) and
-// up(i), and each thread of the epilogue holds such a pair in adjacent registers. Swapped form (out^T = W x^T):
-// accumulator rows 2i and 2i + 1 of a column are the pair, held by lanes l and l ^ 4. The node adds b13 and applies
-// the activation in registers (b13's slice for the tile is staged in shared memory when the epilogue begins: one
-// load per thread and tile, not one per value), stages the tile's act values in shared memory and, after the tile's
-// last subtile, copies them to act rows with 16-byte stores, so the [rows, 2I] GEMM1 output and the separate
-// activation pass disappear: the GEMM is built without a D tensor (ElementD = void) and this node is the epilogue's
-// only output. Group g writes through the per-group pointer out[g] (the act rows GEMM2 reads), with the group's local
-// expert for the bias.
+// GEMM1's gated activation as a CUTLASS sm90 epilogue visitor node. Three pairings of an output's gate and up
+// values in GEMM1's accumulator, one per w13 arrangement and tile form:
+// - interleaved w13 (row 2i is gate(i), row 2i + 1 up(i)), plain form: accumulator columns 2i and 2i + 1 of a row,
+//   held by each thread of the epilogue in adjacent registers (PairAcrossColumns);
+// - interleaved w13, swapped form (out^T = W x^T): accumulator rows 2i and 2i + 1 of a column, held by lanes l and
+//   l ^ 4 (PairAcrossRows);
+// - gate-first or up-first w13 through sm90_halves_mainloop.cuh, plain form: tile columns j and j + kTileN / 2 of a
+//   row, held by one thread in subtiles visited one after the other (PairAcrossHalves).
+// The node adds b13 and applies the activation in registers (b13's slice for the tile is staged in shared memory
+// when the epilogue begins: one load per thread and tile, not one per value), stages the tile's act values in shared
+// memory and, after the tile's last subtile, copies them to act rows with 16-byte stores, so the [rows, 2I] GEMM1
+// output and the separate activation pass disappear: the GEMM is built without a D tensor (ElementD = void) and this
+// node is the epilogue's only output. Group g writes through the per-group pointer out[g] (the act rows GEMM2
+// reads), with the group's local expert for the bias.
 #pragma once
 
 #include "cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp"
@@ -60,6 +64,9 @@ struct GatedStoreBase {
 /// wgmma accumulator layout). Lanes trade one value so that the even lane stages outputs (c, c + 1) of row r and the
 /// odd lane outputs (c - 1, c) of row r + 8: one 4-byte shared store each.
 struct PairAcrossColumns {
+  static constexpr bool kSwapped = false;
+  static constexpr bool kWholeFragments = false;  // stage() per group of four
+  static constexpr int kBiasGapAt = 0;            // no gap in the staged b13 slice
   template <class Callbacks, class Fragment, class Coords>
   static CUTLASS_DEVICE void stage(Callbacks& cb, Fragment const& frg, int i, Coords const& c0, Coords const& c1) {
     const bool odd = (threadIdx.x & 1) != 0;
@@ -83,6 +90,9 @@ struct PairAcrossColumns {
 /// takes the ups of row r + 1 and stages act(r / 2) of both plan rows, the up lane takes the gates of row r + 8 and
 /// stages act((r + 8) / 2). Act values are staged transposed: [plan row][act column].
 struct PairAcrossRows {
+  static constexpr bool kSwapped = true;
+  static constexpr bool kWholeFragments = false;
+  static constexpr int kBiasGapAt = 0;
   template <class Callbacks, class Fragment, class Coords>
   static CUTLASS_DEVICE void stage(Callbacks& cb, Fragment const& frg, int i, Coords const& c0, Coords const& c1) {
     const bool up = (threadIdx.x & 4) != 0;
@@ -102,10 +112,63 @@ struct PairAcrossRows {
   }
 };
 
+/// Halves form's pairing (sm90_halves_mainloop.cuh): tile columns c < kHalf are rows of w13's first block, column
+/// c + kHalf the same row of its second block. A fragment holds groups of four accumulators, (row r, columns c and
+/// c + 1) and (row r + 8, the same columns); the thread that holds column c of a row also holds column c + kHalf (the
+/// wgmma accumulator layout repeats every 8 columns), and CUTLASS visits the subtiles N-major, every subtile of the
+/// first half before any of the second (Sm90GroupedGemm checks that a subtile lies in one half). So the first half's
+/// values are staged, with their bias, as bf16 where their act values go (the unfused path rounds GEMM1's output to
+/// bf16 too), and the second half's visit reads them back from there and stages act in their place: each place is
+/// written and read by one thread, so nothing needs a barrier. A second-half fragment loads all its partners before
+/// it stores any act value, so that the loads overlap instead of each waiting behind the previous group's store. The
+/// staged b13 slice is the first block's kHalf values and then the second block's (kBiasGapAt: where the gap between
+/// them falls).
+template <int kHalf>
+struct PairAcrossHalves {
+  static constexpr bool kSwapped = false;
+  static constexpr bool kWholeFragments = true;
+  static constexpr int kBiasGapAt = kHalf;
+  template <int kValues, class Callbacks, class Fragment, class CoordsOf>
+  static CUTLASS_DEVICE void stage_fragment(Callbacks& cb, Fragment const& frg, CoordsOf const& coords) {
+    constexpr int kRows = kValues / 2;  // (row, column pair) places: two per group of four
+    const bool second = cb.tile_n + static_cast<int>(cute::get<1>(coords(0))) >= kHalf;
+    int at[kRows];
+    float v[kValues];
+    CUTLASS_PRAGMA_UNROLL
+    for (int g = 0; g < kValues / 4; ++g) {
+      const auto c0 = coords(4 * g), c1 = coords(4 * g + 2);
+      const int n = cb.tile_n + static_cast<int>(cute::get<1>(c0));
+      const int col = second ? n - kHalf : n;
+      at[2 * g] = Callbacks::staged(cb.tile_m + static_cast<int>(cute::get<0>(c0)), col);
+      at[2 * g + 1] = Callbacks::staged(cb.tile_m + static_cast<int>(cute::get<0>(c1)), col);
+      const float2 b = cb.bias_pair(n);
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < 4; ++k) v[4 * g + k] = static_cast<float>(frg[4 * g + k]) + (k % 2 == 0 ? b.x : b.y);
+    }
+    auto place = [&](int j) { return reinterpret_cast<__nv_bfloat162*>(cb.stage + at[j]); };
+    if (!second) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kRows; ++j) *place(j) = __floats2bfloat162_rn(v[2 * j], v[2 * j + 1]);
+      return;
+    }
+    float2 first[kRows];
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kRows; ++j) first[j] = __bfloat1622float2(*place(j));
+    const bool up_first = cb.params.up_first;
+    auto act = [&](float first_value, float mine) {
+      return up_first ? gated_activation(cb.form, mine, first_value) : gated_activation(cb.form, first_value, mine);
+    };
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < kRows; ++j)
+      *place(j) = __floats2bfloat162_rn(act(first[j].x, v[2 * j]), act(first[j].y, v[2 * j + 1]));
+  }
+};
+
 /// A tile's epilogue state: where the thread's values lie in the tile, the tile's extent inside the problem, its
 /// act rows, staging buffer and staged bias; begin() stages the tile's kBiasLength b13 values (0 past the problem),
-/// visit() stages each group of four accumulators through the form's Pairing, and reduce() copies the tile out
-/// after its last subtile (kRows staged rows of kCols values, copied by kThreads threads in 16-byte chunks).
+/// visit() stages each group of four accumulators (each fragment where Pairing::kWholeFragments) through the form's
+/// Pairing, and reduce() copies the tile out after its last subtile (kRows staged rows of kCols values, copied by
+/// kThreads threads in 16-byte chunks).
 template <class CTensor, class Pairing, int kRows, int kCols, int kBiasLength, int kThreads>
 struct GatedTileCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStoreCallbacks {
   static_assert(kCols % 64 == 0, "the staging swizzle permutes eight 16-byte chunks");
@@ -123,13 +186,14 @@ struct GatedTileCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStor
   float* bias;  // kBiasLength b13 values from bias_base, bias_count of them inside the problem
   int64_t bias_base;
   int bias_count;
+  int64_t bias_gap;  // b13 entries skipped before staged value Pairing::kBiasGapAt (when it is not 0)
   int thread_idx;
   GatedEpilogueArgs const& params;
   GatedActivation form;
 
   CUTLASS_DEVICE GatedTileCallbacks(CTensor tc, int tile_m, int tile_n, int rows, int cols, __nv_bfloat16* out,
                                     __nv_bfloat16* stage, float* bias, int64_t bias_base, int bias_count,
-                                    int thread_idx, GatedEpilogueArgs const& params)
+                                    int64_t bias_gap, int thread_idx, GatedEpilogueArgs const& params)
       : tc(tc),
         tile_m(tile_m),
         tile_n(tile_n),
@@ -140,6 +204,7 @@ struct GatedTileCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStor
         bias(bias),
         bias_base(bias_base),
         bias_count(bias_count),
+        bias_gap(bias_gap),
         thread_idx(thread_idx),
         params(params),
         form(gated_activation_form(params.activation, params.act)) {}
@@ -147,8 +212,10 @@ struct GatedTileCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStor
   // Before the tile's first subtile; CUTLASS synchronizes the epilogue's threads after it when asked to.
   CUTLASS_DEVICE void begin() {
     if (params.bias.data == nullptr) return;
-    for (int k = thread_idx; k < kBiasLength; k += kThreads)
-      bias[k] = k < bias_count ? GatedStoreBase::bias_value(params.bias, bias_base + k) : 0.0f;
+    for (int k = thread_idx; k < kBiasLength; k += kThreads) {
+      const int64_t gap = Pairing::kBiasGapAt > 0 && k >= Pairing::kBiasGapAt ? bias_gap : 0;
+      bias[k] = k < bias_count ? GatedStoreBase::bias_value(params.bias, bias_base + k + gap) : 0.0f;
+    }
   }
   CUTLASS_DEVICE bool begin_sync_needed() const { return params.bias.data != nullptr; }
 
@@ -162,9 +229,14 @@ struct GatedTileCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStor
                             cutlass::Array<ElementInput, FragmentSize> const& frg_input) {
     static_assert(FragmentSize % 4 == 0, "a fragment must hold whole (row r, row r + 8) column-pair groups");
     auto tc_mn = tc(cute::_, cute::_, cute::_, epi_m, epi_n);
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < FragmentSize; i += 4)
-      Pairing::stage(*this, frg_input, i, tc_mn(epi_v * FragmentSize + i), tc_mn(epi_v * FragmentSize + i + 2));
+    if constexpr (Pairing::kWholeFragments) {
+      Pairing::template stage_fragment<FragmentSize>(*this, frg_input,
+                                                     [&](int i) { return tc_mn(epi_v * FragmentSize + i); });
+    } else {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < FragmentSize; i += 4)
+        Pairing::stage(*this, frg_input, i, tc_mn(epi_v * FragmentSize + i), tc_mn(epi_v * FragmentSize + i + 2));
+    }
     return frg_input;
   }
 
@@ -186,16 +258,19 @@ struct GatedTileCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStor
 
 /// The node for a kTileM x kTileN tile stored by one epilogue (a consumer warpgroup, or both in the cooperative
 /// schedule) of kThreads threads, with kBuffers staging buffers (the pingpong schedule's two consumers each have
-/// one). Plain form: kTileM act rows of kTileN / 2 values. Swapped form (out^T = W x^T, cooperative): the kTileM
-/// weight rows are kTileM / 2 act columns and the kTileN plan rows are act rows, staged transposed. Each buffer holds
-/// kRows act rows of kCols values (GatedTileCallbacks::staged()).
+/// one) and paired by Pairing. Plain forms: kTileM act rows of kTileN / 2 values. Swapped form (out^T = W x^T,
+/// cooperative): the kTileM weight rows are kTileM / 2 act columns and the kTileN plan rows are act rows, staged
+/// transposed. Each buffer holds kRows act rows of kCols values (GatedTileCallbacks::staged()).
 ///
 /// The buffers begin kBorrowBytes before the node's own storage, in the epilogue's D staging: an epilogue without D
 /// (ElementD = void) still reserves it, sized by ElementAux, and never touches it. Sm90GroupedGemm checks that the
 /// collective's storage of exactly kBorrowBytes lies right before this node's. Without the loan the cooperative
 /// 128x256 tile's main loop has three stages instead of four.
-template <int kTileM, int kTileN, int kThreads, int kBuffers, bool kSwapped, int kBorrowBytes>
+template <int kTileM, int kTileN, int kThreads, int kBuffers, class Pairing, int kBorrowBytes>
 struct Sm90GatedStore : GatedStoreBase {
+  static constexpr bool kSwapped = Pairing::kSwapped;
+  static constexpr bool kHalves = Pairing::kBiasGapAt > 0;
+  static_assert(!kHalves || Pairing::kBiasGapAt == kTileN / 2, "the halves split the tile's columns in two");
   static_assert(!kSwapped || kBuffers == 1, "the swapped form is cooperative");
   static constexpr int kRows = kSwapped ? kTileN : kTileM;
   static constexpr int kCols = kSwapped ? kTileM / 2 : kTileN / 2;
@@ -205,7 +280,6 @@ struct Sm90GatedStore : GatedStoreBase {
   static_assert(kBorrowBytes % 16 == 0, "the staging buffers are copied out in 16-byte chunks");
   // At least 16 bytes of its own, so that the storage is never empty when the loan covers all buffers.
   static constexpr int kOwnBytes = kStagingBytes > kBorrowBytes + 16 ? kStagingBytes - kBorrowBytes : 16;
-  using Pairing = std::conditional_t<kSwapped, PairAcrossRows, PairAcrossColumns>;
   struct SharedStorage {
     alignas(16) unsigned char bytes[kOwnBytes];  // first: the staging buffers continue the loan here
     alignas(16) float bias[kBuffers][kBiasLength];
@@ -234,12 +308,14 @@ struct Sm90GatedStore : GatedStoreBase {
     auto* act = static_cast<__nv_bfloat16*>(const_cast<void*>(params.ptr_out[group]));
     const int64_t expert = local < 0 ? 0 : local;
     // Act rows and the b13 index of the tile's first pair: plain, rows on M and pairs on N; swapped, the reverse.
+    // Halves: the tile's outputs n0 / 2 on are w13 rows n0 / 2 on in each block (N / 2 rows apart).
     const int act_row = kSwapped ? n0 : m0, act_col = kSwapped ? m0 / 2 : n0 / 2;
     const int rows = kSwapped ? min(kTileN, static_cast<int>(N) - n0) : min(kTileM, static_cast<int>(M) - m0);
     const int cols =
         kSwapped ? min(kCols, (static_cast<int>(M) - m0) / 2) : min(kCols, (static_cast<int>(N) - n0) / 2);
-    const int64_t bias_base = kSwapped ? expert * M + m0 : expert * N + n0;
+    const int64_t bias_base = kSwapped ? expert * M + m0 : expert * N + (kHalves ? n0 / 2 : n0);
     const int bias_count = kSwapped ? static_cast<int>(M) - m0 : static_cast<int>(N) - n0;
+    const int64_t bias_gap = kHalves ? static_cast<int64_t>(N) / 2 - kTileN / 2 : 0;
     const int buffer = kBuffers == 1 ? 0 : static_cast<int>(threadIdx.x) / kThreads - 1;  // consumer warpgroup
     // The loan starts kBorrowBytes before this node's storage, outside its C++ object: address arithmetic.
     auto* staging = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<uintptr_t>(storage) - kBorrowBytes) +
@@ -247,7 +323,7 @@ struct Sm90GatedStore : GatedStoreBase {
     return ConsumerStoreCallbacks<decltype(args.tCcD)>(args.tCcD, first_m - m0, first_n - n0, rows, cols,
                                                        act + static_cast<int64_t>(act_row) * params.ld_out + act_col,
                                                        staging, storage->bias[buffer], bias_base, bias_count,
-                                                       args.thread_idx, params);
+                                                       bias_gap, args.thread_idx, params);
   }
 };
 

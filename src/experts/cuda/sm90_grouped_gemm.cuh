@@ -17,6 +17,7 @@
 #include "experts/cuda/experts_kernels.h"
 #include "experts/cuda/sm90_gated_epilogue.cuh"
 #include "experts/cuda/sm90_grouped_types.cuh"
+#include "experts/cuda/sm90_halves_mainloop.cuh"
 #include "moekit/error.h"
 
 namespace moekit::detail {
@@ -25,13 +26,16 @@ namespace moekit::detail {
 /// gated: as plain, but no D: the epilogue applies the gated activation to interleaved gate/up column pairs and
 /// stores act rows (sm90_gated_epilogue.cuh). swap_ab: A = weights, B = the plan's rows and D column-major, i.e.
 /// out^T = W x^T, so that a few rows per expert fill a narrow N tile instead of a 64-row M tile. swap_gated: as
-/// swap_ab, with gated's epilogue on interleaved gate/up row pairs (cooperative only).
-enum class GroupedForm { plain, gated, swap_ab, swap_gated };
+/// swap_ab, with gated's epilogue on interleaved gate/up row pairs (cooperative only). gated_halves: as gated, for
+/// w13 in two blocks (gate-first or up-first): B's tiles are loaded by sm90_halves_mainloop.cuh, half from each
+/// block.
+enum class GroupedForm { plain, gated, swap_ab, swap_gated, gated_halves };
 
 /// A tile configuration: CTA tile (M, N, K), the warp-specialized schedule and the form.
 template <int kTileM, int kTileN, int kTileK, bool kCooperative, GroupedForm kForm = GroupedForm::plain>
 struct Sm90GroupedGemm {
-  static constexpr bool kGated = kForm == GroupedForm::gated || kForm == GroupedForm::swap_gated;
+  static constexpr bool kHalves = kForm == GroupedForm::gated_halves;
+  static constexpr bool kGated = kForm == GroupedForm::gated || kForm == GroupedForm::swap_gated || kHalves;
   static constexpr bool kSwapped = kForm == GroupedForm::swap_ab || kForm == GroupedForm::swap_gated;
   // No D when gated: its layout only shapes the epilogue's unused staging types.
   using LayoutD = std::conditional_t<kForm == GroupedForm::swap_ab, GroupedLayoutDT, GroupedLayoutD>;
@@ -59,8 +63,10 @@ struct Sm90GroupedGemm {
   // the gated store's buffers begin there.
   static constexpr int kDStagingBytes =
       static_cast<int>(sizeof(CollectiveStorageOf<EpilogueFor<cutlass::bfloat16_t, PlainFusion>>));
+  using Pairing = std::conditional_t<kHalves, PairAcrossHalves<kTileN / 2>,
+                                     std::conditional_t<kSwapped, PairAcrossRows, PairAcrossColumns>>;
   using GatedStore =
-      Sm90GatedStore<kTileM, kTileN, kCooperative ? 256 : 128, kCooperative ? 1 : 2, kSwapped, kDStagingBytes>;
+      Sm90GatedStore<kTileM, kTileN, kCooperative ? 256 : 128, kCooperative ? 1 : 2, Pairing, kDStagingBytes>;
   using Fusion = std::conditional_t<
       kGated, cutlass::epilogue::fusion::Sm90EVT<GatedStore, cutlass::epilogue::fusion::Sm90AccFetch>, PlainFusion>;
   using CollectiveEpilogue = EpilogueFor<ElementD, Fusion>;
@@ -74,13 +80,16 @@ struct Sm90GroupedGemm {
   }
   static_assert(!kGated || lends_d_staging<CollectiveEpilogue>(),
                 "the gated store's buffers must begin in the epilogue's unused D staging");
+  static_assert(!kHalves || (kTileN / 2) % cute::size<1>(typename CollectiveEpilogue::EpilogueTile{}) == 0,
+                "PairAcrossHalves needs every epilogue subtile inside one half of the tile");
 
-  using CollectiveMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using StockMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, GroupedLayoutA*, kAlign, ElementAB,
       GroupedLayoutB*, kAlign, ElementAcc, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
+  using CollectiveMainloop = std::conditional_t<kHalves, Sm90HalvesMainloop<StockMainloop>, StockMainloop>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<GroupedProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
