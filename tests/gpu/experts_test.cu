@@ -293,112 +293,85 @@ TEST(CudaExperts, ActivationsLayoutsBiases) {
   }
 }
 
-// Interleaved w13 on tactics 3, 4 and 5 (GEMM1 with the gated activation in its epilogue: cooperative 128x256,
-// pingpong 64x256 and swapped 32x128): every activation, fp32 / bf16 / no b13, a fused shared expert, ragged rows
-// per expert (1 to 1000 tokens), 4-byte aligned biases, a rank holding 3 of 8 routed experts (groups of other
-// ranks' experts are empty, the bias index is the local expert's), and each gated GEMM1 before every GEMM2 tactic.
-TEST(CudaExperts, GatedEpilogue) {
-  MOEKIT_REQUIRE_SM90();
-  uint32_t salt = 370;
-  for (int gemm1 : {3, 4, 5}) {
-    for (Activation a : {Activation::silu_gated, Activation::swiglu_clamped, Activation::gelu_gated}) {
-      for (int64_t t : {1, 7, 64, 1000}) {
-        Case c;
-        c.cfg = reduced(find_preset("gpt-oss-120b").experts);
-        c.cfg.activation = a;
-        c.cfg.gate_up = GateUpLayout::interleaved;
-        c.cfg.act = ActivationParams{1.5f, 0.75f, 2.0f};
-        c.cfg.num_shared_experts = 1;
-        c.tokens = t;
-        c.b13 = c.b2 = t != 7;
-        c.bias_dtype = t == 64 ? DType::bf16 : DType::f32;
-        c.bias_offset = t == 1000 ? 4 : 0;
-        c.tactic = {gemm1, t == 64 ? 1 : gemm1};
-        check_case(c, salt++);
-      }
-    }
-    Case c;
-    c.cfg = reduced(find_preset("gpt-oss-120b").experts);
-    c.cfg.gate_up = GateUpLayout::interleaved;
-    c.cfg.num_experts = 8;
-    c.cfg.top_k = 2;
-    c.cfg.local_num_experts = 3;
-    c.cfg.local_expert_offset = 4;
-    c.tokens = 200;
-    c.b13 = c.b2 = true;
-    c.tactic = {gemm1, gemm1};
-    check_case(c, salt++);
-  }
-  // Every gated GEMM1 before every GEMM2: the GEMV, the plain grouped tiles and the swapped ones, whose act rows
-  // are their B operand (their A operand is w2, which the epilogue must not write).
-  const int n = static_cast<int>(cuda_expert_gemm_tactics().size());
-  for (int gemm1 : {3, 4, 5}) {
-    for (int gemm2 = 0; gemm2 < n; ++gemm2) {
+// GEMM1 tactic `gemm1` with the gated activation in its epilogue on the layer config_for(t) gives at t tokens:
+// every activation at 1, 7, 64 and 1000 tokens with a fused shared expert, b13 / b2 in fp32, bf16 (T = 64), absent
+// (T = 7) and only 4-byte aligned (T = 1000), GEMM2 on tactic 1 at T = 64; then a rank holding 3 of 8 routed experts
+// at 200 tokens (groups of other ranks' experts are empty, the bias index is the local expert's).
+template <class ConfigFor>
+void check_gated_epilogue(int gemm1, ConfigFor config_for, uint32_t& salt) {
+  for (Activation a : {Activation::silu_gated, Activation::swiglu_clamped, Activation::gelu_gated}) {
+    for (int64_t t : {1, 7, 64, 1000}) {
       Case c;
-      c.cfg = reduced(find_preset("gpt-oss-120b").experts);
+      c.cfg = config_for(t);
+      c.cfg.activation = a;
+      c.cfg.act = ActivationParams{1.5f, 0.75f, 2.0f};  // a small limit so the clamp is exercised
       c.cfg.num_shared_experts = 1;
-      c.tokens = 300;
-      c.b13 = c.b2 = true;
-      c.tactic = {gemm1, gemm2};
+      c.tokens = t;
+      c.b13 = c.b2 = t != 7;
+      c.bias_dtype = t == 64 ? DType::bf16 : DType::f32;
+      c.bias_offset = t == 1000 ? 4 : 0;
+      c.tactic = {gemm1, t == 64 ? 1 : gemm1};
       check_case(c, salt++);
     }
   }
+  Case c;
+  c.cfg = config_for(200);
+  c.cfg.num_experts = 8;
+  c.cfg.top_k = 2;
+  c.cfg.local_num_experts = 3;
+  c.cfg.local_expert_offset = 4;
+  c.tokens = 200;
+  c.b13 = c.b2 = true;
+  c.tactic = {gemm1, gemm1};
+  check_case(c, salt++);
+}
+
+// GEMM1 tactic `gemm1` before every GEMM2 tactic at 300 tokens on config_for(300) with a fused shared expert and
+// biases: the GEMV, the plain grouped tiles and the swapped ones, whose act rows are their B operand (their A operand
+// is w2, which GEMM1's epilogue must not write).
+template <class ConfigFor>
+void check_before_every_gemm2(int gemm1, ConfigFor config_for, uint32_t& salt) {
+  const int n = static_cast<int>(cuda_expert_gemm_tactics().size());
+  for (int gemm2 = 0; gemm2 < n; ++gemm2) {
+    Case c;
+    c.cfg = config_for(300);
+    c.cfg.num_shared_experts = 1;
+    c.tokens = 300;
+    c.b13 = c.b2 = true;
+    c.tactic = {gemm1, gemm2};
+    check_case(c, salt++);
+  }
+}
+
+// Interleaved w13 on tactics 3, 4 and 5 (GEMM1 with the gated activation in its epilogue: cooperative 128x256,
+// pingpong 64x256 and swapped 32x128), ragged rows per expert.
+TEST(CudaExperts, GatedEpilogue) {
+  MOEKIT_REQUIRE_SM90();
+  uint32_t salt = 370;
+  auto interleaved = [](int64_t) {
+    ExpertConfig cfg = reduced(find_preset("gpt-oss-120b").experts);
+    cfg.gate_up = GateUpLayout::interleaved;
+    return cfg;
+  };
+  for (int gemm1 : {3, 4, 5}) check_gated_epilogue(gemm1, interleaved, salt);
+  for (int gemm1 : {3, 4, 5}) check_before_every_gemm2(gemm1, interleaved, salt);
 }
 
 // Gate-first and up-first w13 with I a multiple of 128: tactic 4 runs GEMM1 with the gated activation in its
 // epilogue (B's tiles half from each block), tactic 3 GEMM1 and the activation pass on the same weights. I = 256 and
-// 384 (two and three 256-column tiles, so the second block starts one or one and a half tiles on), H with a K tail,
-// every activation, fp32 / bf16 / no b13 (4-byte aligned too), a fused shared expert, 1 to 1000 tokens, a rank
-// holding 3 of 8 routed experts, and each GEMM1 before every GEMM2 tactic.
+// 384 (two and three 256-column tiles, so the second block starts one or one and a half tiles on), H with a K tail.
 TEST(CudaExperts, GatedEpilogueHalves) {
   MOEKIT_REQUIRE_SM90();
   uint32_t salt = 700;
-  auto base = [](GateUpLayout l, int64_t in) {
-    ExpertConfig cfg = reduced(find_preset("qwen3-30b-a3b").experts);
-    cfg.gate_up = l;
-    cfg.intermediate = in;
-    cfg.act = ActivationParams{1.5f, 0.75f, 2.0f};
-    return cfg;
-  };
   for (GateUpLayout l : {GateUpLayout::gate_first, GateUpLayout::up_first}) {
-    for (int gemm1 : {3, 4}) {
-      for (Activation a : {Activation::silu_gated, Activation::swiglu_clamped, Activation::gelu_gated}) {
-        for (int64_t t : {1, 7, 64, 1000}) {
-          Case c;
-          c.cfg = base(l, t == 64 ? 384 : 256);
-          c.cfg.activation = a;
-          c.cfg.num_shared_experts = 1;
-          c.tokens = t;
-          c.b13 = c.b2 = t != 7;
-          c.bias_dtype = t == 64 ? DType::bf16 : DType::f32;
-          c.bias_offset = t == 1000 ? 4 : 0;
-          c.tactic = {gemm1, t == 64 ? 1 : gemm1};
-          check_case(c, salt++);
-        }
-      }
-      Case c;
-      c.cfg = base(l, 384);
-      c.cfg.num_experts = 8;
-      c.cfg.top_k = 2;
-      c.cfg.local_num_experts = 3;
-      c.cfg.local_expert_offset = 4;
-      c.tokens = 200;
-      c.b13 = c.b2 = true;
-      c.tactic = {gemm1, gemm1};
-      check_case(c, salt++);
-    }
-  }
-  const int n = static_cast<int>(cuda_expert_gemm_tactics().size());
-  for (int gemm1 : {3, 4}) {
-    for (int gemm2 = 0; gemm2 < n; ++gemm2) {
-      Case c;
-      c.cfg = base(gemm2 % 2 == 0 ? GateUpLayout::gate_first : GateUpLayout::up_first, 256);
-      c.cfg.num_shared_experts = 1;
-      c.tokens = 300;
-      c.b13 = c.b2 = true;
-      c.tactic = {gemm1, gemm2};
-      check_case(c, salt++);
-    }
+    auto halves = [l](int64_t tokens) {
+      ExpertConfig cfg = reduced(find_preset("qwen3-30b-a3b").experts);
+      cfg.gate_up = l;
+      cfg.intermediate = tokens == 64 || tokens == 200 ? 384 : 256;
+      return cfg;
+    };
+    for (int gemm1 : {3, 4}) check_gated_epilogue(gemm1, halves, salt);
+    for (int gemm1 : {3, 4}) check_before_every_gemm2(gemm1, halves, salt);
   }
 }
 
