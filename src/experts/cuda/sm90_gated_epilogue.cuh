@@ -257,32 +257,34 @@ struct GatedTileCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStor
 };
 
 /// The node for a kTileM x kTileN tile stored by one epilogue (a consumer warpgroup, or both in the cooperative
-/// schedule) of kThreads threads, with kBuffers staging buffers (the pingpong schedule's two consumers each have
-/// one) and paired by Pairing. Plain forms: kTileM act rows of kTileN / 2 values. Swapped form (out^T = W x^T,
-/// cooperative): the kTileM weight rows are kTileM / 2 act columns and the kTileN plan rows are act rows, staged
-/// transposed. Each buffer holds kRows act rows of kCols values (GatedTileCallbacks::staged()).
+/// schedule) of kThreads threads and paired by Pairing. Plain forms: kTileM act rows of kTileN / 2 values. Swapped
+/// form (out^T = W x^T, cooperative): the kTileM weight rows are kTileM / 2 act columns and the kTileN plan rows are
+/// act rows, staged transposed. One staging buffer holds kRows act rows of kCols values (GatedTileCallbacks::staged())
+/// and one bias slice the tile's b13 values. The pingpong schedule's two consumers share both: CUTLASS's pingpong
+/// kernel runs their epilogues one after the other (its order barrier, behind which they share the D staging too),
+/// and reduce() has read the whole buffer before it returns. A buffer per consumer left the pingpong 64x256 tile's
+/// main loop four stages instead of five.
 ///
-/// The buffers begin kBorrowBytes before the node's own storage, in the epilogue's D staging: an epilogue without D
+/// The buffer begins kBorrowBytes before the node's own storage, in the epilogue's D staging: an epilogue without D
 /// (ElementD = void) still reserves it, sized by ElementAux, and never touches it. Sm90GroupedGemm checks that the
 /// collective's storage of exactly kBorrowBytes lies right before this node's. Without the loan the cooperative
 /// 128x256 tile's main loop has three stages instead of four.
-template <int kTileM, int kTileN, int kThreads, int kBuffers, class Pairing, int kBorrowBytes>
+template <int kTileM, int kTileN, int kThreads, class Pairing, int kBorrowBytes>
 struct Sm90GatedStore : GatedStoreBase {
   static constexpr bool kSwapped = Pairing::kSwapped;
   static constexpr bool kHalves = Pairing::kBiasGapAt > 0;
   static_assert(!kHalves || Pairing::kBiasGapAt == kTileN / 2, "the halves split the tile's columns in two");
-  static_assert(!kSwapped || kBuffers == 1, "the swapped form is cooperative");
   static constexpr int kRows = kSwapped ? kTileN : kTileM;
   static constexpr int kCols = kSwapped ? kTileM / 2 : kTileN / 2;
   static constexpr int kBufferElements = kRows * kCols;
   static constexpr int kBiasLength = kSwapped ? kTileM : kTileN;  // b13 values per tile: along the weight rows
-  static constexpr int kStagingBytes = kBuffers * kBufferElements * static_cast<int>(sizeof(__nv_bfloat16));
-  static_assert(kBorrowBytes % 16 == 0, "the staging buffers are copied out in 16-byte chunks");
-  // At least 16 bytes of its own, so that the storage is never empty when the loan covers all buffers.
+  static constexpr int kStagingBytes = kBufferElements * static_cast<int>(sizeof(__nv_bfloat16));
+  static_assert(kBorrowBytes % 16 == 0, "the staging buffer is copied out in 16-byte chunks");
+  // At least 16 bytes of its own, so that the storage is never empty when the loan covers the buffer.
   static constexpr int kOwnBytes = kStagingBytes > kBorrowBytes + 16 ? kStagingBytes - kBorrowBytes : 16;
   struct SharedStorage {
-    alignas(16) unsigned char bytes[kOwnBytes];  // first: the staging buffers continue the loan here
-    alignas(16) float bias[kBuffers][kBiasLength];
+    alignas(16) unsigned char bytes[kOwnBytes];  // first: the staging buffer continues the loan here
+    alignas(16) float bias[kBiasLength];
   };
   template <class CTensor>
   using ConsumerStoreCallbacks = GatedTileCallbacks<CTensor, Pairing, kRows, kCols, kBiasLength, kThreads>;
@@ -316,13 +318,11 @@ struct Sm90GatedStore : GatedStoreBase {
     const int64_t bias_base = kSwapped ? expert * M + m0 : expert * N + (kHalves ? n0 / 2 : n0);
     const int bias_count = kSwapped ? static_cast<int>(M) - m0 : static_cast<int>(N) - n0;
     const int64_t bias_gap = kHalves ? static_cast<int64_t>(N) / 2 - kTileN / 2 : 0;
-    const int buffer = kBuffers == 1 ? 0 : static_cast<int>(threadIdx.x) / kThreads - 1;  // consumer warpgroup
     // The loan starts kBorrowBytes before this node's storage, outside its C++ object: address arithmetic.
-    auto* staging = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<uintptr_t>(storage) - kBorrowBytes) +
-                    buffer * kBufferElements;
+    auto* staging = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<uintptr_t>(storage) - kBorrowBytes);
     return ConsumerStoreCallbacks<decltype(args.tCcD)>(args.tCcD, first_m - m0, first_n - n0, rows, cols,
                                                        act + static_cast<int64_t>(act_row) * params.ld_out + act_col,
-                                                       staging, storage->bias[buffer], bias_base, bias_count,
+                                                       staging, storage->bias, bias_base, bias_count,
                                                        bias_gap, args.thread_idx, params);
   }
 };

@@ -60,13 +60,13 @@ struct Sm90GroupedGemm {
   using CollectiveStorageOf = typename Epilogue::TensorStorage::CollectiveStorage;
   using PlainFusion = cutlass::epilogue::fusion::LinearCombination<cutlass::bfloat16_t, ElementAcc>;
   // The D staging of this tile's epilogue with a bf16 D: the gated (void-D) epilogue reserves the same, unused, and
-  // the gated store's buffers begin there.
+  // the gated store's buffer begins there.
   static constexpr int kDStagingBytes =
       static_cast<int>(sizeof(CollectiveStorageOf<EpilogueFor<cutlass::bfloat16_t, PlainFusion>>));
   using Pairing = std::conditional_t<kHalves, PairAcrossHalves<kTileN / 2>,
                                      std::conditional_t<kSwapped, PairAcrossRows, PairAcrossColumns>>;
   using GatedStore =
-      Sm90GatedStore<kTileM, kTileN, kCooperative ? 256 : 128, kCooperative ? 1 : 2, Pairing, kDStagingBytes>;
+      Sm90GatedStore<kTileM, kTileN, kCooperative ? 256 : 128, Pairing, kDStagingBytes>;
   using Fusion = std::conditional_t<
       kGated, cutlass::epilogue::fusion::Sm90EVT<GatedStore, cutlass::epilogue::fusion::Sm90AccFetch>, PlainFusion>;
   using CollectiveEpilogue = EpilogueFor<ElementD, Fusion>;
@@ -79,7 +79,7 @@ struct Sm90GroupedGemm {
            sizeof(typename Tensors::FusionStorage) == sizeof(typename GatedStore::SharedStorage);
   }
   static_assert(!kGated || lends_d_staging<CollectiveEpilogue>(),
-                "the gated store's buffers must begin in the epilogue's unused D staging");
+                "the gated store's buffer must begin in the epilogue's unused D staging");
   static_assert(!kHalves || (kTileN / 2) % cute::size<1>(typename CollectiveEpilogue::EpilogueTile{}) == 0,
                 "PairAcrossHalves needs every epilogue subtile inside one half of the tile");
 
