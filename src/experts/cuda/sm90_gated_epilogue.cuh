@@ -259,11 +259,11 @@ struct GatedTileCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStor
 /// The node for a kTileM x kTileN tile stored by one epilogue (a consumer warpgroup, or both in the cooperative
 /// schedule) of kThreads threads and paired by Pairing. Plain forms: kTileM act rows of kTileN / 2 values. Swapped
 /// form (out^T = W x^T, cooperative): the kTileM weight rows are kTileM / 2 act columns and the kTileN plan rows are
-/// act rows, staged transposed. One staging buffer holds kRows act rows of kCols values (GatedTileCallbacks::staged())
-/// and one bias slice the tile's b13 values. The pingpong schedule's two consumers share both: CUTLASS's pingpong
-/// kernel runs their epilogues one after the other (its order barrier, behind which they share the D staging too),
-/// and reduce() has read the whole buffer before it returns. A buffer per consumer left the pingpong 64x256 tile's
-/// main loop four stages instead of five.
+/// act rows, staged transposed. One staging buffer holds kRows act rows of kCols values
+/// (GatedTileCallbacks::staged()) and one bias slice the tile's b13 values. The pingpong schedule's two consumers
+/// share both: CUTLASS's pingpong kernel runs their epilogues one after the other (its order barrier, behind which
+/// they share the D staging too), and reduce() has read the whole buffer before it returns. A buffer per consumer
+/// left the pingpong 64x256 tile's main loop four stages instead of five.
 ///
 /// The buffer begins kBorrowBytes before the node's own storage, in the epilogue's D staging: an epilogue without D
 /// (ElementD = void) still reserves it, sized by ElementAux, and never touches it. Sm90GroupedGemm checks that the
@@ -322,8 +322,8 @@ struct Sm90GatedStore : GatedStoreBase {
     auto* staging = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<uintptr_t>(storage) - kBorrowBytes);
     return ConsumerStoreCallbacks<decltype(args.tCcD)>(args.tCcD, first_m - m0, first_n - n0, rows, cols,
                                                        act + static_cast<int64_t>(act_row) * params.ld_out + act_col,
-                                                       staging, storage->bias, bias_base, bias_count,
-                                                       bias_gap, args.thread_idx, params);
+                                                       staging, storage->bias, bias_base, bias_count, bias_gap,
+                                                       args.thread_idx, params);
   }
 };
 

@@ -65,8 +65,7 @@ struct Sm90GroupedGemm {
       static_cast<int>(sizeof(CollectiveStorageOf<EpilogueFor<cutlass::bfloat16_t, PlainFusion>>));
   using Pairing = std::conditional_t<kHalves, PairAcrossHalves<kTileN / 2>,
                                      std::conditional_t<kSwapped, PairAcrossRows, PairAcrossColumns>>;
-  using GatedStore =
-      Sm90GatedStore<kTileM, kTileN, kCooperative ? 256 : 128, Pairing, kDStagingBytes>;
+  using GatedStore = Sm90GatedStore<kTileM, kTileN, kCooperative ? 256 : 128, Pairing, kDStagingBytes>;
   using Fusion = std::conditional_t<
       kGated, cutlass::epilogue::fusion::Sm90EVT<GatedStore, cutlass::epilogue::fusion::Sm90AccFetch>, PlainFusion>;
   using CollectiveEpilogue = EpilogueFor<ElementD, Fusion>;
