@@ -678,7 +678,15 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"deepseek-v3", 16384, large},    // 512 rows
       {"qwen3-30b-a3b", 4096, small},   // 256 rows
       {"qwen3-30b-a3b", 16384, large},  // 1024 rows
-      {"qwen3-next-80b", 3532, small},  // 69 rows
+      // Gate-first w13 on experts below kLargeExpert: GEMM1 keeps the fused 64x256 tile up to 640 rows.
+      {"qwen3-30b-a3b", 4097, small, large},   // 257 rows
+      {"qwen3-30b-a3b", 8192, small, large},   // 512 rows
+      {"qwen3-30b-a3b", 10240, small, large},  // 640 rows
+      {"qwen3-30b-a3b", 10241, large},         // 641 rows
+      {"qwen3-30b-a3b", 8192, large, nullptr, interleaved},
+      {"qwen3-next-80b", 16384, small, large},  // 320 rows
+      {"gpt-oss-120b", 10240, large},           // 320 rows, interleaved w13 (the checkpoint's)
+      {"qwen3-next-80b", 3532, small},          // 69 rows
       // Experts below kLargeExpert at 70-90 routed rows: swapped 96x256 tiles, one row tile per expert.
       {"qwen3-next-80b", 3533, swap96},  // 70 rows
       {"qwen3-next-80b", 4096, swap96},  // 80 rows
@@ -688,7 +696,6 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"gpt-oss-120b", 2560, swap96},    // 80 rows
       {"deepseek-v3", 2560, small},      // 80 rows of large experts
       {"mixtral-8x7b", 320, large},      // 80 rows of a few large experts
-      {"qwen3-next-80b", 16384, large},  // 320 rows
       {"gpt-oss-120b", 4096, small},     // 128 rows
       {"gpt-oss-120b", 16384, large},    // 512 rows
   };

@@ -121,12 +121,18 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kHalvesOps{
 // (S = 1, 1.75-1.8x the mean) 1.052-1.123. Likewise at 224-288 rows, where three 96-row tiles hold an expert that
 // needs three 128-row tiles above 256 rows: swapped 96x256 for both GEMMs ran 0.934 / 0.987 of 128x256 / 64x256 at
 // mixtral T = 1024 / 1152 with uniform routing, but 1.037 at T = 1024 with S = 0.5 (hottest expert 361 rows) and
-// 1.111 at T = 896 ("Thirty-third session"); not taken.
+// 1.111 at T = 896 ("Thirty-third session"); not taken. Where w13 takes the halves form (gate-first / up-first, I a
+// multiple of kHalvesRows), experts smaller than kLargeExpert keep GEMM1 on the fused 64x256 tile up to 640 rows,
+// GEMM2 on 128x256: against 128x256 for both (GEMM1 + the activation pass), paired runs ("Thirty-seventh session"),
+// qwen3 at 384 / 512 / 640 rows 0.958 / 0.957 / 0.983 but 1024 / 1280 rows 1.018 / 1.019, qwen3-next at 320 / 400
+// rows 0.964 / 0.972; with interleaved w13 the 128x256 tile has a fused epilogue of its own and wins (gpt-oss at 320
+// rows: 64x256 1.055), and so do deepseek-v3's large experts (512 rows: 1.026).
 constexpr int64_t kAny = INT64_MAX;
 struct HeuristicRule {
   int64_t min_rows = 0, max_rows = kAny, max_tokens = kAny, min_weights = 0, max_weights = kAny;
   int64_t max_experts = kAny;
   int64_t max_load4 = kAny, max_shared = kAny;
+  bool halves_only = false;  // only where w13 takes the halves form (takes_halves_form())
   int gemm1, gemm2;
 };
 constexpr int64_t kLargeExpert = int64_t{24} << 20;  // 2I x H elements
@@ -139,7 +145,7 @@ constexpr HeuristicRule few_large(int64_t min_rows, int64_t max_rows, int gemm1,
           .gemm1 = gemm1,
           .gemm2 = gemm2};
 }
-constexpr std::array<HeuristicRule, 11> kHeuristic{{
+constexpr std::array<HeuristicRule, 12> kHeuristic{{
     {.max_load4 = 3, .max_shared = 0, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 1, .max_tokens = 4, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 16, .max_tokens = 64, .gemm1 = 5, .gemm2 = 5},
@@ -150,8 +156,14 @@ constexpr std::array<HeuristicRule, 11> kHeuristic{{
     few_large(3072, kAny, 3, 3),
     {.min_rows = 70, .max_rows = 90, .max_weights = kLargeExpert - 1, .gemm1 = 6, .gemm2 = 6},
     {.max_rows = 256, .gemm1 = 4, .gemm2 = 4},
+    {.max_rows = 640, .max_weights = kLargeExpert - 1, .halves_only = true, .gemm1 = 4, .gemm2 = 3},
     {.gemm1 = 3, .gemm2 = 3},
 }};
+
+// Whether GEMM1's fused gated epilogue reaches w13 through the halves main loop (kHalvesOps).
+bool takes_halves_form(const ExpertConfig& c) {
+  return c.gate_up != GateUpLayout::interleaved && c.intermediate % kHalvesRows == 0;
+}
 
 constexpr int64_t kAlign = 256;
 int64_t round_up(int64_t x, int64_t m) {
@@ -244,7 +256,7 @@ CudaExperts::CudaExperts(const CudaExpertsArgs& a) : impl_(std::make_unique<Impl
   m.groups = a.config.num_experts + a.config.num_shared_experts;
   for (size_t i = 0; i < kTactics.size(); ++i)
     if (kGroupedOps[i] != nullptr) m.ops[i] = kGroupedOps[i]();
-  const bool halves = a.config.gate_up != GateUpLayout::interleaved && a.config.intermediate % kHalvesRows == 0;
+  const bool halves = takes_halves_form(a.config);
   if (a.config.gate_up == GateUpLayout::interleaved || halves) {
     const auto& table = halves ? kHalvesOps : kGatedOps;
     for (size_t i = 0; i < kTactics.size(); ++i)
@@ -338,7 +350,7 @@ ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens) {
   for (const HeuristicRule& r : kHeuristic)
     if (rows >= r.min_rows && rows <= r.max_rows && t <= r.max_tokens && weights >= r.min_weights &&
         weights <= r.max_weights && c.num_experts <= r.max_experts && load_at_most(r.max_load4) &&
-        c.num_shared_experts <= r.max_shared)
+        c.num_shared_experts <= r.max_shared && (!r.halves_only || takes_halves_form(c)))
       return {r.gemm1, r.gemm2};
   return {kHeuristic.back().gemm1, kHeuristic.back().gemm2};
 }
