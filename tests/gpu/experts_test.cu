@@ -678,15 +678,27 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"deepseek-v3", 16384, large},    // 512 rows
       {"qwen3-30b-a3b", 4096, small},   // 256 rows
       {"qwen3-30b-a3b", 16384, large},  // 1024 rows
-      // Gate-first w13 on experts below kLargeExpert: GEMM1 keeps the fused 64x256 tile up to 640 rows.
-      {"qwen3-30b-a3b", 4097, small, large},   // 257 rows
+      // Gate-first w13 on experts below kLargeExpert: GEMM1 keeps the fused 64x256 tile up to 640 rows, GEMM2 up to
+      // 440 rows.
+      {"qwen3-30b-a3b", 4097, small},          // 257 rows
+      {"qwen3-30b-a3b", 7040, small},          // 440 rows
+      {"qwen3-30b-a3b", 7041, small, large},   // 441 rows
       {"qwen3-30b-a3b", 8192, small, large},   // 512 rows
       {"qwen3-30b-a3b", 10240, small, large},  // 640 rows
       {"qwen3-30b-a3b", 10241, large},         // 641 rows
       {"qwen3-30b-a3b", 8192, large, nullptr, interleaved},
-      {"qwen3-next-80b", 16384, small, large},  // 320 rows
+      {"qwen3-next-80b", 16384, small},         // 320 rows
+      {"qwen3-next-80b", 24576, small, large},  // 480 rows
       {"gpt-oss-120b", 10240, large},           // 320 rows, interleaved w13 (the checkpoint's)
-      {"qwen3-next-80b", 3532, small},          // 69 rows
+      // Interleaved w13 on experts below kLargeExpert: the cooperative 128x256 pair at 200-240 rows.
+      {"gpt-oss-120b", 6368, small},                         // 199 rows
+      {"gpt-oss-120b", 6369, large},                         // 200 rows
+      {"gpt-oss-120b", 7680, large},                         // 240 rows
+      {"gpt-oss-120b", 7681, small},                         // 241 rows
+      {"qwen3-30b-a3b", 3584, large, nullptr, interleaved},  // 224 rows
+      {"qwen3-30b-a3b", 3584, small},                        // 224 rows, gate-first
+      {"deepseek-v3", 7168, small},                          // 224 rows of large experts
+      {"qwen3-next-80b", 3532, small},                       // 69 rows
       // Experts below kLargeExpert at 70-90 routed rows: swapped 96x256 tiles, one row tile per expert.
       {"qwen3-next-80b", 3533, swap96},  // 70 rows
       {"qwen3-next-80b", 4096, swap96},  // 80 rows

@@ -124,15 +124,24 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kHalvesOps{
 // 1.111 at T = 896 ("Thirty-third session"); not taken. Where w13 takes the halves form (gate-first / up-first, I a
 // multiple of kHalvesRows), experts smaller than kLargeExpert keep GEMM1 on the fused 64x256 tile up to 640 rows,
 // GEMM2 on 128x256: against 128x256 for both (GEMM1 + the activation pass), paired runs ("Thirty-seventh session"),
-// qwen3 at 384 / 512 / 640 rows 0.958 / 0.957 / 0.983 but 1024 / 1280 rows 1.018 / 1.019, qwen3-next at 320 / 400
-// rows 0.964 / 0.972; with interleaved w13 the 128x256 tile has a fused epilogue of its own and wins (gpt-oss at 320
-// rows: 64x256 1.055), and so do deepseek-v3's large experts (512 rows: 1.026).
+// qwen3 at 384 / 512 / 640 rows 0.958 / 0.957 / 0.983 but 1024 / 1280 rows 1.018 / 1.019 (768 / 896 rows 1.001 /
+// 1.003), qwen3-next at 320 / 400 rows 0.964 / 0.972; with interleaved w13 the 128x256 tile has a fused epilogue of
+// its own and wins (gpt-oss at 320 rows: 64x256 1.055), and so do deepseek-v3's large experts (512 rows: 1.026).
+// In that band GEMM2 stays on 64x256 up to 440 rows ("Thirty-eighth session", paired, against 128x256: qwen3-next
+// at 320 / 400 / 440 / 480 rows 0.988 / 0.988 / 0.998 / 1.009, qwen3 at 384 / 512 / 640 rows 0.999 / 0.994 / 1.018).
+// Interleaved w13 on experts below kLargeExpert takes the cooperative 128x256 pair (its GEMM1 fused) at 200-240 rows,
+// where four 64-row tiles and two 128-row tiles hold most experts' rows alike (same session, against 64x256 for
+// both: gpt-oss at 200 / 208 / 224 / 240 / 256 rows 0.978 / 0.966 / 0.989 / 0.974 / 0.963, qwen3 with w13
+// interleaved at 224 / 240 rows 0.986 / 1.008, qwen3-next at 220 / 240 rows 0.985 / 0.980; at 192 rows gpt-oss
+// 1.040, at 256 rows qwen3 1.045).
 constexpr int64_t kAny = INT64_MAX;
+// Which w13 arrangements a rule serves: any, the halves form (takes_halves_form()) or interleaved.
+enum class W13Form { any, halves, interleaved };
 struct HeuristicRule {
   int64_t min_rows = 0, max_rows = kAny, max_tokens = kAny, min_weights = 0, max_weights = kAny;
   int64_t max_experts = kAny;
   int64_t max_load4 = kAny, max_shared = kAny;
-  bool halves_only = false;  // only where w13 takes the halves form (takes_halves_form())
+  W13Form w13 = W13Form::any;
   int gemm1, gemm2;
 };
 constexpr int64_t kLargeExpert = int64_t{24} << 20;  // 2I x H elements
@@ -145,7 +154,7 @@ constexpr HeuristicRule few_large(int64_t min_rows, int64_t max_rows, int gemm1,
           .gemm1 = gemm1,
           .gemm2 = gemm2};
 }
-constexpr std::array<HeuristicRule, 12> kHeuristic{{
+constexpr std::array<HeuristicRule, 14> kHeuristic{{
     {.max_load4 = 3, .max_shared = 0, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 1, .max_tokens = 4, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 16, .max_tokens = 64, .gemm1 = 5, .gemm2 = 5},
@@ -155,14 +164,33 @@ constexpr std::array<HeuristicRule, 12> kHeuristic{{
     few_large(112, 3071, 4, 4),
     few_large(3072, kAny, 3, 3),
     {.min_rows = 70, .max_rows = 90, .max_weights = kLargeExpert - 1, .gemm1 = 6, .gemm2 = 6},
+    {.min_rows = 200,
+     .max_rows = 240,
+     .max_weights = kLargeExpert - 1,
+     .w13 = W13Form::interleaved,
+     .gemm1 = 3,
+     .gemm2 = 3},
     {.max_rows = 256, .gemm1 = 4, .gemm2 = 4},
-    {.max_rows = 640, .max_weights = kLargeExpert - 1, .halves_only = true, .gemm1 = 4, .gemm2 = 3},
+    {.max_rows = 440, .max_weights = kLargeExpert - 1, .w13 = W13Form::halves, .gemm1 = 4, .gemm2 = 4},
+    {.max_rows = 640, .max_weights = kLargeExpert - 1, .w13 = W13Form::halves, .gemm1 = 4, .gemm2 = 3},
     {.gemm1 = 3, .gemm2 = 3},
 }};
 
 // Whether GEMM1's fused gated epilogue reaches w13 through the halves main loop (kHalvesOps).
 bool takes_halves_form(const ExpertConfig& c) {
   return c.gate_up != GateUpLayout::interleaved && c.intermediate % kHalvesRows == 0;
+}
+
+bool serves(W13Form form, const ExpertConfig& c) {
+  switch (form) {
+    case W13Form::any:
+      return true;
+    case W13Form::halves:
+      return takes_halves_form(c);
+    case W13Form::interleaved:
+      return c.gate_up == GateUpLayout::interleaved;
+  }
+  return false;
 }
 
 constexpr int64_t kAlign = 256;
@@ -350,7 +378,7 @@ ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens) {
   for (const HeuristicRule& r : kHeuristic)
     if (rows >= r.min_rows && rows <= r.max_rows && t <= r.max_tokens && weights >= r.min_weights &&
         weights <= r.max_weights && c.num_experts <= r.max_experts && load_at_most(r.max_load4) &&
-        c.num_shared_experts <= r.max_shared && (!r.halves_only || takes_halves_form(c)))
+        c.num_shared_experts <= r.max_shared && serves(r.w13, c))
       return {r.gemm1, r.gemm2};
   return {kHeuristic.back().gemm1, kHeuristic.back().gemm2};
 }
