@@ -670,7 +670,6 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"mixtral-8x7b", 893, small, nullptr, interleaved},   // 224 rows
       {"mixtral-8x7b", 1276, small, nullptr, interleaved},  // 319 rows
       {"mixtral-8x7b", 1277, small, nullptr, interleaved},  // 320 rows
-      {"gpt-oss-120b", 8192, small},                        // 256 rows: not a few large experts
       // The others, deepseek-v3's 256 large experts too: 64x256 up to 256 routed rows per expert, 128x256 above.
       {"deepseek-v3", 1024, small},     // 32 rows (the shared expert's 1024 do not count)
       {"deepseek-v3", 4096, small},     // 128 rows
@@ -694,7 +693,9 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"gpt-oss-120b", 6368, small},                         // 199 rows
       {"gpt-oss-120b", 6369, large},                         // 200 rows
       {"gpt-oss-120b", 7680, large},                         // 240 rows
-      {"gpt-oss-120b", 7681, small},                         // 241 rows
+      {"gpt-oss-120b", 8192, large},                         // 256 rows: experts of at least kMidExpert
+      {"qwen3-30b-a3b", 3841, small, nullptr, interleaved},  // 241 rows of smaller experts
+      {"qwen3-30b-a3b", 4096, small, nullptr, interleaved},  // 256 rows
       {"qwen3-30b-a3b", 3584, large, nullptr, interleaved},  // 224 rows
       {"qwen3-30b-a3b", 3584, small},                        // 224 rows, gate-first
       {"deepseek-v3", 7168, small},                          // 224 rows of large experts

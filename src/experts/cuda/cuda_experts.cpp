@@ -133,7 +133,8 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kHalvesOps{
 // where four 64-row tiles and two 128-row tiles hold most experts' rows alike (same session, against 64x256 for
 // both: gpt-oss at 200 / 208 / 224 / 240 / 256 rows 0.978 / 0.966 / 0.989 / 0.974 / 0.963, qwen3 with w13
 // interleaved at 224 / 240 rows 0.986 / 1.008, qwen3-next at 220 / 240 rows 0.985 / 0.980; at 192 rows gpt-oss
-// 1.040, at 256 rows qwen3 1.045).
+// 1.040), and experts of at least kMidExpert up to 256 rows (gpt-oss at 256 rows 0.963; qwen3 with w13 interleaved
+// there 1.045: how much padding the 128-row tile's fewer bytes per FLOP outweigh depends on the shape).
 constexpr int64_t kAny = INT64_MAX;
 // Which w13 arrangements a rule serves: any, the halves form (takes_halves_form()) or interleaved.
 enum class W13Form { any, halves, interleaved };
@@ -145,6 +146,8 @@ struct HeuristicRule {
   int gemm1, gemm2;
 };
 constexpr int64_t kLargeExpert = int64_t{24} << 20;  // 2I x H elements
+// Between qwen3's 3.1M and gpt-oss's 16.6M: the interleaved band's 241-256 rows win on gpt-oss only.
+constexpr int64_t kMidExpert = int64_t{8} << 20;
 // A band of rows per expert for at most 64 experts of at least kLargeExpert weights each.
 constexpr HeuristicRule few_large(int64_t min_rows, int64_t max_rows, int gemm1, int gemm2) {
   return {.min_rows = min_rows,
@@ -154,7 +157,7 @@ constexpr HeuristicRule few_large(int64_t min_rows, int64_t max_rows, int gemm1,
           .gemm1 = gemm1,
           .gemm2 = gemm2};
 }
-constexpr std::array<HeuristicRule, 14> kHeuristic{{
+constexpr std::array<HeuristicRule, 15> kHeuristic{{
     {.max_load4 = 3, .max_shared = 0, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 1, .max_tokens = 4, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 16, .max_tokens = 64, .gemm1 = 5, .gemm2 = 5},
@@ -166,6 +169,13 @@ constexpr std::array<HeuristicRule, 14> kHeuristic{{
     {.min_rows = 70, .max_rows = 90, .max_weights = kLargeExpert - 1, .gemm1 = 6, .gemm2 = 6},
     {.min_rows = 200,
      .max_rows = 240,
+     .max_weights = kLargeExpert - 1,
+     .w13 = W13Form::interleaved,
+     .gemm1 = 3,
+     .gemm2 = 3},
+    {.min_rows = 241,
+     .max_rows = 256,
+     .min_weights = kMidExpert,
      .max_weights = kLargeExpert - 1,
      .w13 = W13Form::interleaved,
      .gemm1 = 3,
