@@ -689,7 +689,8 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"qwen3-next-80b", 16384, small},         // 320 rows
       {"qwen3-next-80b", 24576, small, large},  // 480 rows
       {"gpt-oss-120b", 10240, large},           // 320 rows, interleaved w13 (the checkpoint's)
-      // Interleaved w13 on experts below kLargeExpert: the cooperative 128x256 pair at 200-240 rows.
+      // Interleaved w13 on experts below kLargeExpert: the cooperative 128x256 pair at 200-240 rows, up to 256 rows
+      // on experts of at least kMidExpert.
       {"gpt-oss-120b", 6368, small},                         // 199 rows
       {"gpt-oss-120b", 6369, large},                         // 200 rows
       {"gpt-oss-120b", 7680, large},                         // 240 rows
@@ -699,8 +700,8 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"qwen3-30b-a3b", 3584, large, nullptr, interleaved},  // 224 rows
       {"qwen3-30b-a3b", 3584, small},                        // 224 rows, gate-first
       {"deepseek-v3", 7168, small},                          // 224 rows of large experts
-      {"qwen3-next-80b", 3532, small},                       // 69 rows
       // Experts below kLargeExpert at 70-90 routed rows: swapped 96x256 tiles, one row tile per expert.
+      {"qwen3-next-80b", 3532, small},   // 69 rows
       {"qwen3-next-80b", 3533, swap96},  // 70 rows
       {"qwen3-next-80b", 4096, swap96},  // 80 rows
       {"qwen3-next-80b", 4608, swap96},  // 90 rows

@@ -146,7 +146,7 @@ struct HeuristicRule {
   int gemm1, gemm2;
 };
 constexpr int64_t kLargeExpert = int64_t{24} << 20;  // 2I x H elements
-// Between qwen3's 3.1M and gpt-oss's 16.6M: the interleaved band's 241-256 rows win on gpt-oss only.
+// 2I x H elements, between qwen3's 3.1M and gpt-oss's 16.6M: the interleaved band's 241-256 rows win on gpt-oss only.
 constexpr int64_t kMidExpert = int64_t{8} << 20;
 // A band of rows per expert for at most 64 experts of at least kLargeExpert weights each.
 constexpr HeuristicRule few_large(int64_t min_rows, int64_t max_rows, int gemm1, int gemm2) {
