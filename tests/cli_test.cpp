@@ -9,6 +9,8 @@
 #include <string>
 #include <utility>
 
+#include "moekit/device.h"
+
 namespace {
 
 struct CliRun {
@@ -203,8 +205,42 @@ TEST(Cli, BenchMoeRejectsBadArgumentsFirst) {
   }
 }
 
+// The tactic table and the default picks, without a GPU: T = 1 takes the decode GEMV, qwen3's 1024 rows per expert
+// at T = 16384 the cooperative 128x256 tiles, and --gate-up changes the layout the heuristic sees.
+TEST(Cli, TacticsPrintsTheTableAndTheDefaultPicks) {
+  CliRun r = run_cli("tactics --preset qwen3-30b-a3b --tokens 1,16384");
+  if (!moekit::built_with_cuda()) {
+    EXPECT_EQ(r.status, 1);
+    EXPECT_NE(r.output.find("no CUDA support"), std::string::npos) << r.output;
+    return;
+  }
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("| 0 | gemv_8rows | gemv | up to 8 rows per pass | no |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| 5 | sm90_swap_ab_cooperative_32x128x64 | grouped | 32 x 128 x 64 | yes |"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("default picks for qwen3-30b-a3b (w13 gate_first; routed rows per expert = T * 8 / 128"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("| 1 | 0.06 | 0 gemv_8rows | 0 gemv_8rows |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| 16384 | 1024.00 | 3 sm90_cooperative_128x256x64 | 3 sm90_cooperative_128x256x64 |"),
+            std::string::npos)
+      << r.output;
+  CliRun il = run_cli("tactics --preset qwen3-30b-a3b --tokens 64 --gate-up interleaved");
+  ASSERT_EQ(il.status, 0) << il.output;
+  EXPECT_NE(il.output.find("(w13 interleaved;"), std::string::npos) << il.output;
+  for (const auto& [args, message] :
+       {std::pair<const char*, const char*>{"--preset gpt-5", "unknown preset 'gpt-5'"},
+        {"--preset qwen3-30b-a3b --tokens 4,0", "token list entry '0' must be a positive integer"},
+        {"--preset qwen3-30b-a3b --gate-up diagonal", "unknown gate_up layout 'diagonal'"}}) {
+    CliRun bad = run_cli(std::string("tactics ") + args);
+    EXPECT_EQ(bad.status, 1) << args;
+    EXPECT_NE(bad.output.find(message), std::string::npos) << bad.output;
+  }
+}
+
 TEST(Cli, HelpEverywhere) {
-  for (const char* sub : {"", "demo", "route", "bench", "tune"}) {
+  for (const char* sub : {"", "demo", "route", "bench", "tune", "tactics"}) {
     CliRun r = run_cli(std::string(sub) + " --help");
     EXPECT_EQ(r.status, 0) << sub << ": " << r.output;
     EXPECT_NE(r.output.find("Usage"), std::string::npos) << sub << ": " << r.output;

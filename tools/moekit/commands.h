@@ -6,10 +6,11 @@
 
 namespace moekit::cli {
 
-void add_demo_command(CLI::App& app);   // moekit demo
-void add_route_command(CLI::App& app);  // moekit route
-void add_bench_command(CLI::App& app);  // moekit bench {route, moe}
-void add_tune_command(CLI::App& app);   // moekit tune
+void add_demo_command(CLI::App& app);     // moekit demo
+void add_route_command(CLI::App& app);    // moekit route
+void add_bench_command(CLI::App& app);    // moekit bench {route, moe}
+void add_tune_command(CLI::App& app);     // moekit tune
+void add_tactics_command(CLI::App& app);  // moekit tactics
 
 // Children of `moekit bench`.
 void add_bench_route_command(CLI::App& bench);

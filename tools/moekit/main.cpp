@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   moekit::cli::add_route_command(app);
   moekit::cli::add_bench_command(app);
   moekit::cli::add_tune_command(app);
+  moekit::cli::add_tactics_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
