@@ -121,6 +121,26 @@ TEST(Cli, BenchMoeTakesCublas) {
   EXPECT_NE(help.output.find("--cublas"), std::string::npos) << help.output;
 }
 
+// --sustained-ceiling: with a GPU the table names the sustained GEMM ceiling and gets a column against it; values
+// outside [0, 60] seconds and non-finite ones are rejected before any device setup; --tuned excludes it.
+TEST(Cli, BenchMoeSustainedCeiling) {
+  expect_accepted("bench moe --preset qwen3-30b-a3b --tokens 1 --samples 1 --verify-tokens 1 --sustained-ceiling 0.5",
+                  "sustained bf16 GEMM ceiling: ");
+  for (const char* bad : {"-1", "61", "nan", "inf"}) {
+    CliRun r = run_cli(std::string("bench moe --preset qwen3-30b-a3b --tokens 1 --sustained-ceiling ") + bad);
+    EXPECT_NE(r.status, 0) << bad;
+    EXPECT_NE(r.output.find(std::string("sustained_ceiling_s (") + bad + ") must be finite and in [0, 60]"),
+              std::string::npos)
+        << r.output;
+    EXPECT_EQ(r.output.find("a CUDA device"), std::string::npos) << r.output;
+  }
+  CliRun both = run_cli("bench moe --preset qwen3-30b-a3b --tuned --sustained-ceiling 1");
+  EXPECT_NE(both.status, 0);
+  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
+  CliRun help = run_cli("bench moe --help");
+  EXPECT_NE(help.output.find("--sustained-ceiling"), std::string::npos) << help.output;
+}
+
 // A non-negative number option of the plain benchmark (not --tuned): `accepted` (a valid value) gets as far as
 // asking for a GPU without one, and with one prints `shown`; negative and non-finite values are rejected with a
 // message naming `field`, before any device setup.

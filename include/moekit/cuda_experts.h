@@ -139,23 +139,32 @@ struct MoeBenchOptions {
   // layer's work around the GEMMs (routing skew, gather, activation, combine), so it shows what the vendor's batched
   // GEMM reaches on the same weights and row count (MoeBenchRow::cublas_*).
   bool cublas_baseline = false;
+  // Also measure the GEMM ceiling sustained: the cuBLAS GEMM back to back for this many seconds first, then timed
+  // as the burst ceiling is (MoeBenchCeilings::gemm_sustained_tflop_per_s). Long graph replays at large T hold the
+  // GPU at its power limit, a lower clock than the burst ceiling's; the sustained rate is that state's ceiling.
+  // 0, the default: not measured. Finite, in [0, 60].
+  double sustained_ceiling_s = 0;
 };
 
 /// Ceilings measured in the same run: device copy bandwidth (bytes read + written, from the harness), cuBLAS bf16
-/// GEMM rate (8192^3, fp32 accumulation), and the per-kernel cost of an empty kernel replayed in a CUDA graph.
+/// GEMM rate (8192^3, fp32 accumulation), and the per-kernel cost of an empty kernel replayed in a CUDA graph. The
+/// floors use gemm_tflop_per_s; gemm_sustained_tflop_per_s is the same GEMM's rate after
+/// MoeBenchOptions::sustained_ceiling_s seconds of it back to back (0 when not measured).
 struct MoeBenchCeilings {
   double copy_tb_per_s = 0, gemm_tflop_per_s = 0, graph_launch_us = 0;
+  double gemm_sustained_tflop_per_s = 0, sustained_s = 0;
 };
 
 struct MoeBenchRow {
   int64_t tokens = 0;
-  std::string gemm1, gemm2;     // tactic names
-  int active_experts = 0;       // local groups with at least one row
-  double mean_expert_rows = 0;  // rows per local routed expert with rows (shared experts, which hold T, left out)
-  int64_t max_expert_rows = 0;  // the busiest local routed expert's rows
-  int kernels = 0;              // kernels one experts call launches
-  double bytes = 0, flops = 0;  // fewest bytes (active weights once, hidden in, out) and the GEMM flops
-  double floor_us = 0;          // max(bytes / copy bandwidth, flops / GEMM rate)
+  std::string gemm1, gemm2;       // tactic names
+  int active_experts = 0;         // local groups with at least one row
+  double mean_expert_rows = 0;    // rows per local routed expert with rows (shared experts, which hold T, left out)
+  int64_t max_expert_rows = 0;    // the busiest local routed expert's rows
+  int kernels = 0;                // kernels one experts call launches
+  double bytes = 0, flops = 0;    // fewest bytes (active weights once, hidden in, out) and the GEMM flops
+  double floor_us = 0;            // max(bytes / copy bandwidth, flops / GEMM rate)
+  double floor_sustained_us = 0;  // the same with the sustained GEMM rate (0 when not measured)
   double experts_cold_us = 0, experts_graph_us = 0;              // medians: cold-L2 kernel time / graph replay
   double route_experts_cold_us = 0, route_experts_graph_us = 0;  // router + experts
   double verify_error = 0;                                       // relative Frobenius error against experts_reference

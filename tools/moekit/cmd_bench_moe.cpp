@@ -44,6 +44,7 @@ struct BenchMoeCli {
   bool tuned = false;
   bool kernels = false;
   bool cublas = false;
+  double sustained_ceiling_s = 0;
   bool tokens_given = false;
 };
 
@@ -68,7 +69,9 @@ nlohmann::json to_json(const MoeBenchReport& r) {
   j["gate_up"] = std::string(gate_up_layout_name(r.gate_up));
   j["ceilings"] = {{"copy_tb_per_s", r.ceilings.copy_tb_per_s},
                    {"gemm_tflop_per_s", r.ceilings.gemm_tflop_per_s},
-                   {"graph_launch_us", r.ceilings.graph_launch_us}};
+                   {"graph_launch_us", r.ceilings.graph_launch_us},
+                   {"gemm_sustained_tflop_per_s", r.ceilings.gemm_sustained_tflop_per_s},
+                   {"sustained_s", r.ceilings.sustained_s}};
   for (const MoeBenchRow& x : r.rows) {
     j["rows"].push_back({{"tokens", x.tokens},
                          {"gemm1", x.gemm1},
@@ -87,6 +90,10 @@ nlohmann::json to_json(const MoeBenchReport& r) {
                          {"floor_fraction_graph", x.floor_us / x.experts_graph_us},
                          {"floor_fraction_cold", x.floor_us / x.experts_cold_us},
                          {"verify_error", x.verify_error}});
+    if (x.floor_sustained_us > 0) {
+      j["rows"].back()["floor_sustained_us"] = x.floor_sustained_us;
+      j["rows"].back()["floor_fraction_graph_sustained"] = x.floor_sustained_us / x.experts_graph_us;
+    }
     j["rows"].back()["experts_kernels"] = kernels_json(x.experts_kernels);
     j["rows"].back()["route_experts_kernels"] = kernels_json(x.route_experts_kernels);
     if (x.cublas_rows_per_expert > 0)
@@ -104,6 +111,12 @@ void print_table(const MoeBenchReport& r) {
                                 r.preset, gate_up_layout_name(r.gate_up), r.device, r.ceilings.copy_tb_per_s,
                                 r.ceilings.gemm_tflop_per_s, r.ceilings.graph_launch_us, r.timing_source)
                         .c_str());
+  const bool sustained = r.ceilings.gemm_sustained_tflop_per_s > 0;
+  if (sustained)
+    std::printf("%s", fmt::format("sustained bf16 GEMM ceiling: {:.0f} TFLOP/s after {:.3g} s of it back to back "
+                                  "(floor fraction (sustained): against it)\n",
+                                  r.ceilings.gemm_sustained_tflop_per_s, r.ceilings.sustained_s)
+                          .c_str());
   if (r.bias_scale)
     std::printf(
         "%s",
@@ -117,18 +130,20 @@ void print_table(const MoeBenchReport& r) {
   std::printf(
       "| T | gemm1 / gemm2 | experts | rows per routed expert (mean / max) | floor us | experts cold us "
       "| experts graph us | route+experts cold us | route+experts graph us | TB/s | TFLOP/s "
-      "| floor fraction (graph) | (cold) | verify err |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| floor fraction (graph) | (cold) | verify err |%s\n",
+      sustained ? " floor fraction (sustained) |" : "");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|%s\n", sustained ? "---|" : "");
   for (const MoeBenchRow& x : r.rows) {
     std::printf(
         "%s",
         fmt::format(
             "| {} | {} / {} | {} | {:.1f} / {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.0f} | "
-            "{:.2f} | {:.2f} | {:.1e} |\n",
+            "{:.2f} | {:.2f} | {:.1e} |{}\n",
             x.tokens, x.gemm1, x.gemm2, x.active_experts, x.mean_expert_rows, x.max_expert_rows, x.floor_us,
             x.experts_cold_us, x.experts_graph_us, x.route_experts_cold_us, x.route_experts_graph_us,
             x.bytes / (x.experts_graph_us * 1e-6) / 1e12, x.flops / (x.experts_graph_us * 1e-6) / 1e12,
-            x.floor_us / x.experts_graph_us, x.floor_us / x.experts_cold_us, x.verify_error)
+            x.floor_us / x.experts_graph_us, x.floor_us / x.experts_cold_us, x.verify_error,
+            sustained ? fmt::format(" {:.2f} |", x.floor_sustained_us / x.experts_graph_us) : std::string())
             .c_str());
   }
 }
@@ -404,6 +419,11 @@ void add_bench_moe_command(CLI::App& bench) {
                 "evenly over its active experts (a same-run reference without routing skew, gather, activation or "
                 "combine)")
       ->excludes(tuned);
+  cmd->add_option("--sustained-ceiling", opts->sustained_ceiling_s,
+                  "Also measure the GEMM ceiling after this many seconds of it back to back (the power-limited "
+                  "state of long graph replays) and print the floor fraction against it; 0 (the default): not "
+                  "measured, at most 60")
+      ->excludes(tuned);
   CLI::Option* gate_up =
       cmd->add_option("--gate-up", opts->gate_up,
                       "w13's gate/up arrangement instead of the preset's: gate_first, up_first or interleaved (as an "
@@ -425,6 +445,7 @@ void add_bench_moe_command(CLI::App& bench) {
     o.bias_scale = opts->bias_scale;
     o.logit_skew = opts->logit_skew;
     o.cublas_baseline = opts->cublas;
+    o.sustained_ceiling_s = opts->sustained_ceiling_s;
     if (gate_up->count() > 0) o.gate_up = parse_gate_up_layout(opts->gate_up);
     check_moe_bench_options(o);  // bad arguments are reported before any device setup
     bench::Harness harness;
