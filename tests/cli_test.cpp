@@ -99,26 +99,28 @@ void expect_accepted(const std::string& args, const std::string& on_gpu) {
   }
 }
 
+// An option of the plain benchmark only: `PREFIX --tuned ARGS` (PREFIX: "bench moe --preset NAME") is refused as a
+// conflict, and `bench moe --help` lists `flag`.
+void expect_plain_only(const std::string& prefix, const std::string& args, const std::string& flag) {
+  CliRun both = run_cli(prefix + " --tuned " + args);
+  EXPECT_NE(both.status, 0) << args;
+  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
+  CliRun help = run_cli("bench moe --help");
+  EXPECT_NE(help.output.find(flag), std::string::npos) << help.output;
+}
+
 // --kernels is accepted; with a GPU the breakdown is printed.
 TEST(Cli, BenchMoeTakesKernels) {
   expect_accepted("bench moe --preset qwen3-30b-a3b --tokens 1 --samples 1 --verify-tokens 1 --kernels",
                   "kernels of one experts call, T = 1");
-  CliRun help = run_cli("bench moe --help");
-  EXPECT_NE(help.output.find("--kernels"), std::string::npos) << help.output;
-  CliRun both = run_cli("bench moe --preset qwen3-30b-a3b --tuned --kernels");  // --tuned has no kernel table
-  EXPECT_NE(both.status, 0);
-  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
+  expect_plain_only("bench moe --preset qwen3-30b-a3b", "--kernels", "--kernels");  // --tuned has no kernel table
 }
 
 // --cublas is accepted for the plain benchmark only; with a GPU the reference table is printed.
 TEST(Cli, BenchMoeTakesCublas) {
   expect_accepted("bench moe --preset qwen3-30b-a3b --tokens 1 --samples 1 --verify-tokens 1 --cublas",
                   "cuBLAS strided-batched GEMM1 + GEMM2");
-  CliRun both = run_cli("bench moe --preset qwen3-30b-a3b --tuned --cublas");
-  EXPECT_NE(both.status, 0);
-  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
-  CliRun help = run_cli("bench moe --help");
-  EXPECT_NE(help.output.find("--cublas"), std::string::npos) << help.output;
+  expect_plain_only("bench moe --preset qwen3-30b-a3b", "--cublas", "--cublas");
 }
 
 // --sustained-ceiling: with a GPU the table names the sustained GEMM ceiling and gets a column against it; values
@@ -134,11 +136,7 @@ TEST(Cli, BenchMoeSustainedCeiling) {
         << r.output;
     EXPECT_EQ(r.output.find("a CUDA device"), std::string::npos) << r.output;
   }
-  CliRun both = run_cli("bench moe --preset qwen3-30b-a3b --tuned --sustained-ceiling 1");
-  EXPECT_NE(both.status, 0);
-  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
-  CliRun help = run_cli("bench moe --help");
-  EXPECT_NE(help.output.find("--sustained-ceiling"), std::string::npos) << help.output;
+  expect_plain_only("bench moe --preset qwen3-30b-a3b", "--sustained-ceiling 1", "--sustained-ceiling");
 }
 
 // A non-negative number option of the plain benchmark (not --tuned): `accepted` (a valid value) gets as far as
@@ -154,12 +152,11 @@ void expect_non_negative_bench_option(const std::string& prefix, const std::stri
     EXPECT_EQ(r.output.find("a CUDA device"), std::string::npos) << r.output;
   }
   if (tuned_excludes) {
-    CliRun both = run_cli(prefix + " --tuned " + flag + " " + accepted);
-    EXPECT_NE(both.status, 0);
-    EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
+    expect_plain_only(prefix, flag + " " + accepted, flag);
+  } else {
+    CliRun help = run_cli("bench moe --help");
+    EXPECT_NE(help.output.find(flag), std::string::npos) << help.output;
   }
-  CliRun help = run_cli("bench moe --help");
-  EXPECT_NE(help.output.find(flag), std::string::npos) << help.output;
 }
 
 // --bias-scale: the selection bias's range on presets that have one.
@@ -207,11 +204,7 @@ TEST(Cli, BenchMoeGateUp) {
             std::string::npos)
       << bad.output;
   EXPECT_EQ(bad.output.find("a CUDA device"), std::string::npos) << bad.output;
-  CliRun both = run_cli("bench moe --preset qwen3-30b-a3b --tuned --gate-up interleaved");
-  EXPECT_NE(both.status, 0);
-  EXPECT_NE(both.output.find("excludes"), std::string::npos) << both.output;
-  CliRun help = run_cli("bench moe --help");
-  EXPECT_NE(help.output.find("--gate-up"), std::string::npos) << help.output;
+  expect_plain_only("bench moe --preset qwen3-30b-a3b", "--gate-up interleaved", "--gate-up");
 }
 
 // Bad token counts and sample counts are reported as such, before any device setup (without a GPU as with one).
