@@ -84,6 +84,8 @@ class Cublas {
 // cuBLAS bf16 GEMM 8192^3 on random data with fp32 accumulation, as CUDA-graph replays: TFLOP/s, the best of three
 // medians (a ceiling is the best rate the GPU reaches). The rate still moves from one process to the next with the
 // GPU's state (716-808 TFLOP/s seen on the H200, docs/benchmarks.md), and compute-bound floor fractions with it.
+// sustain_s > 0: the same graph is first replayed back to back for that many seconds, untimed, so that the rate is
+// the power-limited one that long graph replays run at (670-677 TFLOP/s in eight processes on the H200).
 double measure_gemm_rate(bench::Harness& harness, Cublas& cublas, double sustain_s = 0) {
   const int64_t n = 8192;
   cudaStream_t s = static_cast<cudaStream_t>(harness.stream());
@@ -296,13 +298,12 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
     row.mean_expert_rows = routed > 0 ? double(routed_rows) / routed : 0.0;
     row.bytes = double(row.active_experts) * 3.0 * h * in * 2 + 2.0 * t * h * 2;
     row.flops = 6.0 * double(rows) * h * in;
-    row.floor_us = std::max(row.bytes / (report.ceilings.copy_tb_per_s * 1e12),
-                            row.flops / (report.ceilings.gemm_tflop_per_s * 1e12)) *
-                   1e6;
+    auto floor_at = [&](double tflop_per_s) {  // us
+      return std::max(row.bytes / (report.ceilings.copy_tb_per_s * 1e12), row.flops / (tflop_per_s * 1e12)) * 1e6;
+    };
+    row.floor_us = floor_at(report.ceilings.gemm_tflop_per_s);
     if (report.ceilings.gemm_sustained_tflop_per_s > 0)
-      row.floor_sustained_us = std::max(row.bytes / (report.ceilings.copy_tb_per_s * 1e12),
-                                        row.flops / (report.ceilings.gemm_sustained_tflop_per_s * 1e12)) *
-                               1e6;
+      row.floor_sustained_us = floor_at(report.ceilings.gemm_sustained_tflop_per_s);
 
     const bench::LaunchFn experts = [&](int, Stream st) { layer.run(plan, hv, ov, st, tactic); };
     const bench::LaunchFn both = [&](int, Stream st) {
