@@ -57,11 +57,10 @@ struct ExpertTactic {
 
 /// The tactic the default heuristic picks for `config` at T tokens: a table keyed on the expected rows per active
 /// expert, T, the size of one expert's GEMM1 weights, the number of routed experts, the routed rows per expert
-/// (T * top_k / num_experts), the number of shared experts and, on experts below 24M GEMM1 weights, w13's gate/up
-/// arrangement: at 200-240 rows per expert (256 on experts of at least 8M GEMM1 weights) interleaved w13 takes the
-/// cooperative 128x256 tiles, and at 257-640 rows gate-first / up-first w13 with I a multiple of 128 keeps GEMM1's
-/// fused epilogue on the pingpong 64x256 tile (it then beats the cooperative 128x256 GEMM1 + activation pass).
-/// Deterministic, needs no device (the tuner asks before anything is built); every field >= 0.
+/// (T * top_k / num_experts), the number of shared experts and w13's gate/up arrangement (some bands of rows per
+/// expert pick other tiles for interleaved w13 than for gate-first / up-first w13, whose fused gated epilogue exists
+/// on fewer tiles). `moekit tactics --preset NAME [--gate-up LAYOUT]` prints the picks. Deterministic, needs no
+/// device (the tuner asks before anything is built); every field >= 0.
 ExpertTactic cuda_expert_default_tactic(const ExpertConfig& config, int64_t tokens);
 
 struct CudaExpertsArgs {
