@@ -387,15 +387,16 @@ TEST(MoELayerTactics, ForwardRunsTheDefaultOutsideATuningScopeAndTunesInsideOne)
     TuningScope scope;
     EXPECT_NE(TuningScope::active(), nullptr);
     EXPECT_EQ(run(5), (TacticPair{2, 1}));  // bucket 8 tuned first: cheapest GEMM1 is 2, GEMM2 is 1
-    EXPECT_EQ(fake.timed.size(), 21u);      // 3 + 3 in the stages, 3 rounds of 4 shortlist pairs and the default
+    EXPECT_EQ(fake.timed.size(),
+              22u);  // 3 + 3 in the stages, 3 rounds of the default and 4 shortlist pairs, the default
     EXPECT_EQ(run(7), (TacticPair{2, 1}));  // same bucket: no timing
-    EXPECT_EQ(fake.timed.size(), 21u);
+    EXPECT_EQ(fake.timed.size(), 22u);
     run(9);  // bucket 16
-    EXPECT_EQ(fake.timed.size(), 42u);
+    EXPECT_EQ(fake.timed.size(), 44u);
   }
   EXPECT_EQ(TuningScope::active(), nullptr);
   run(17);  // bucket 32: outside the scope, nothing is timed
-  EXPECT_EQ(fake.timed.size(), 42u);
+  EXPECT_EQ(fake.timed.size(), 44u);
   EXPECT_FALSE(layer.choice(17).tuned);
   // A new cache entry reaches forward() (memoized choices are dropped when the tuner changes).
   tuner.insert(tuning_key(fake, spec, 8), {"g1_0", "g2_0", {"g1_0"}, {"g2_0"}, 1.0, 1.0, 8});
@@ -422,7 +423,7 @@ TEST(MoELayerTactics, ATuningScopeTunesOnTheCallsLogitsUnlessItNamesSome) {
     layer.forward(x.views.hidden, x.views.logits, x.views.out);
   }
   EXPECT_EQ(fake.timing_logits_sets, (std::vector<const void*>{x.views.logits.data, nullptr}));
-  ASSERT_EQ(fake.timed_logits.size(), 21u);
+  ASSERT_EQ(fake.timed_logits.size(), 22u);
   for (const void* p : fake.timed_logits) EXPECT_EQ(p, x.views.logits.data);
   EXPECT_EQ(tuner.find(tuning_key(fake, spec, 5))->routing, "given");
 

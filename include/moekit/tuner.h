@@ -1,11 +1,12 @@
 // The autotuner (DESIGN §6): picks a (GEMM1, GEMM2) tactic pair per token bucket, by timing only when asked.
 // Staged search: rank GEMM1 tactics alone (with the default GEMM2), GEMM2 tactics alone (with the default GEMM1),
-// keep the top 2 of each, then time the 2x2 pairs and the default pair end to end in three alternating rounds:
-// n1 + n2 + 15 timings instead of n1 * n2, and a pair replaces the default only where it is more than 1% faster
-// (medians over the rounds). Winners live in an in-memory cache and a persisted JSON cache (atomic write under a
-// lock file, merged with what is on disk, invalidated by a metadata mismatch). Without an entry, the runner's
-// deterministic default heuristic picks, for each T; so it does where the winner is the default pair at the T the
-// bucket was timed at (the search confirmed the heuristic, whose thresholds need not fall on bucket edges).
+// keep the top 2 of each, then time the 2x2 pairs end to end in three rounds, each round bracketed by timings of the
+// default pair: n1 + n2 + 16 timings instead of n1 * n2, and a pair replaces the default only where it is more than
+// 1% faster than the default timed around it (bracketed_ratio(): medians over the rounds of drift-corrected ratios).
+// Winners live in an in-memory cache and a persisted JSON cache (atomic write under a lock file, merged with what is
+// on disk, invalidated by a metadata mismatch). Without an entry, the runner's deterministic default heuristic picks,
+// for each T; so it does where the winner is the default pair at the T the bucket was timed at (the search confirmed
+// the heuristic, whose thresholds need not fall on bucket edges).
 #pragma once
 
 #include <cstdint>
@@ -83,7 +84,7 @@ struct TuningEntry {
   std::vector<std::string> gemm1_shortlist;
   std::vector<std::string> gemm2_shortlist;
   double seconds = 0;          // the winner's end-to-end time (its median over the final stage's rounds)
-  double default_seconds = 0;  // the default pair's, timed in the same rounds at `tokens`, for comparison
+  double default_seconds = 0;  // the default pair's (median of its final-stage timings at `tokens`), for comparison
   int64_t tokens = 0;          // token count that was timed (the bucket, capped at the runner's max_tokens)
   // What the timings routed: "synthetic" (the runner's own logits) or "given" (TuneOptions::logits). A cache file
   // written without the field reads as "synthetic".
@@ -133,6 +134,26 @@ struct TuneOptions {
   TensorView logits;
 };
 
+// ---- comparing timings under drift
+// ---------------------------------------------------------------------------------
+
+/// Compares timings of a candidate with those of a reference taken around them, so that a drift of the machine's
+/// speed during the measurement (clocks settling under a power cap, temperature) cancels where it is linear in time.
+/// The timings alternate: reference[0], candidate[0], reference[1], candidate[1], ..., reference[R]; in round r the
+/// candidate ran at `fraction` of the way from reference[r] to reference[r + 1] (1/2 for one candidate per round,
+/// j / (m + 1) for the j-th of m). Returns the median over the rounds of candidate[r] / (reference[r] + fraction *
+/// (reference[r + 1] - reference[r])): below 1 the candidate is faster. With an even number of rounds, the mean of
+/// the middle two. Throws InvalidArgument unless candidate is non-empty, reference.size() == candidate.size() + 1,
+/// every time is finite and positive, and 0 < fraction < 1.
+double bracketed_ratio(std::span<const double> reference, std::span<const double> candidate, double fraction);
+
+/// One pair of the final stage and its timings (TuneResult::final_stage).
+struct FinalStageTiming {
+  TacticPair tactics;
+  std::vector<double> seconds;  // one timing per round, in order
+  double ratio = 0;             // bracketed_ratio() against the default pair timed around it: < 1 is faster
+};
+
 /// The outcome for one requested token count.
 struct TuneResult {
   int64_t tokens = 0;  // as requested
@@ -142,6 +163,10 @@ struct TuneResult {
   TuningEntry entry;
   int timed_configs = 0;    // end-to-end timings this call made for this bucket
   bool from_cache = false;  // skip_cached found a valid entry and timed nothing
+  // The final stage's timings, where this call ran one with more than one candidate: the default pair's (one
+  // before each round and one after the last) and every other pair's, in the order they were timed.
+  std::vector<double> default_timings;
+  std::vector<FinalStageTiming> final_stage;
 };
 
 /// The tactic pair forward() runs and where it came from.
@@ -177,12 +202,15 @@ class Autotuner {
   /// Tunes the buckets of `tokens` (duplicates of a bucket are tuned once) with the staged search and stores the
   /// winners in memory (persist them with save()). Calling this is the explicit request to tune. For each bucket it
   /// times at min(bucket, runner.max_tokens()) tokens through runner.time_tactics(). With n1 GEMM1 and n2 GEMM2
-  /// tactics (n1, n2 >= 2) it makes n1 + n2 timings in the two stages, then times the 4 shortlist pairs and the
-  /// default pair (when it is not one of them) once each in 3 rounds: n1 + n2 + 15 timings, or n1 + n2 + 12. A
-  /// stage with a single tactic has nothing to rank and is skipped, and the shortlist pairs are min(2, n1) *
-  /// min(2, n2); a single final candidate (n1 = n2 = 1) is timed once. The winner is the candidate with the
-  /// smallest median over the rounds (the earlier one on ties); a pair other than the default wins only where its
-  /// median is more than 1% below the default's, and the entry records both medians. The timings run on the
+  /// tactics (n1, n2 >= 2) it makes n1 + n2 timings in the two stages, then the final stage: 3 rounds, each the
+  /// default pair once and then each shortlist pair other than the default once, and the default once more after
+  /// the last round: n1 + n2 + 16 timings, or n1 + n2 + 13 where the default is a shortlist pair. A stage with a
+  /// single tactic has nothing to rank and is skipped, and the shortlist pairs are min(2, n1) * min(2, n2); a single
+  /// final candidate (n1 = n2 = 1) is timed once. Each pair is judged by bracketed_ratio() against the default
+  /// timings around its rounds, which cancels a linear drift of the GPU's speed during the stage; the pair with the
+  /// smallest ratio (the earlier one on ties) replaces the default only where that ratio is below 0.99 and its median
+  /// time is below the default's too (so that one slow timing of the default, which enters two rounds' ratios,
+  /// cannot make an equal pair win). The entry records both medians. The timings run on the
   /// runner's own synthetic inputs (Runner::time_tactics()) unless options.logits names the routing to time on;
   /// cuda_bf16's synthetic logits are uniform random, so its routing is near-uniform, and a pair that wins there can
   /// lose under skewed routing (mixtral-8x7b at T = 1024: swapped 96x256 tiles 6.6% faster with uniform routing,

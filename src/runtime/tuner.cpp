@@ -1,14 +1,15 @@
 // The autotuner's search and in-memory cache. Staged search per token bucket: time every GEMM1 tactic with the
 // default GEMM2, every GEMM2 tactic with the default GEMM1, keep the 2 fastest of each, then time the (at most) 4
-// pairs and the default pair end to end in alternating rounds and keep the fastest by its median over the rounds
-// (ties: the earlier candidate, so results are deterministic for equal costs), unless it beats the default by less
-// than kMinGain. A stage with a single tactic has nothing to rank and is skipped. Persistence lives in
-// tuning_cache.cpp.
+// pairs in rounds bracketed by timings of the default pair and keep the one with the smallest drift-corrected ratio
+// to the default (ties: the earlier candidate, so results are deterministic for equal costs), unless it beats the
+// default by less than kMinGain. A stage with a single tactic has nothing to rank and is skipped. Persistence lives
+// in tuning_cache.cpp.
 #include "moekit/tuner.h"
 
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <thread>
 
@@ -69,41 +70,67 @@ std::optional<Resolved> resolve(const Runner& runner, const TuningEntry& e) {
   return Resolved{{*g1, *g2}, *s1, *s2};
 }
 
-// The final stage times its candidates in kFinalRounds rounds, each candidate once per round in turn, so that a
-// clock or temperature drift during the search falls on all of them alike, and ranks them by their medians. A pair
-// other than the default must beat the default's median by more than kMinGain: a tuned entry should be a measured
-// gain, not a draw inside the spread of repeated timings. (Before, the default's time came from stage 1 and the
-// pairs' from later timings. On an H200, `bench moe --tuned` replayed one pair at two moments of a run 0.96-1.01x
-// apart, and tuned choices other than the default at 0.95-1.01x the default's time.)
+// The final stage times its pairs in kFinalRounds rounds, each opened by a timing of the default pair, and the
+// default once more after the last round; each pair is judged by its bracketed_ratio() to the default timed around
+// it, so that a clock or temperature drift during the stage cancels where it is linear. A pair other than the
+// default must beat it by more than kMinGain: a tuned entry should be a measured gain, not a draw inside the spread
+// of repeated timings. (Before, the default was timed last in each round, after the same pairs in the same order:
+// on an H200, `bench moe --tuned` timed one pair 3.2% apart from itself in alternating replays, and once took a pair
+// that its comparison then found 4.9% slower than the default.)
 constexpr int kFinalRounds = 3;
 constexpr double kMinGain = 0.01;
 
-// Final-stage candidates: the shortlist pairs, then the default unless it is one of them.
-std::vector<TacticPair> final_candidates(const std::vector<int>& s1, const std::vector<int>& s2, TacticPair def) {
+// The shortlist pairs but the default, in order.
+std::vector<TacticPair> final_pairs(const std::vector<int>& s1, const std::vector<int>& s2, TacticPair def) {
   std::vector<TacticPair> c;
   for (int a : s1)
-    for (int b : s2) c.push_back({a, b});
-  if (std::find(c.begin(), c.end(), def) == c.end()) c.push_back(def);
+    for (int b : s2)
+      if (TacticPair{a, b} != def) c.push_back({a, b});
   return c;
 }
 
-// One candidate (the default alone) has nothing to be compared with: one timing.
-int final_rounds(size_t candidates) {
-  return candidates > 1 ? kFinalRounds : 1;
-}
-
-int final_timings(size_t candidates) {
-  return static_cast<int>(candidates) * final_rounds(candidates);
+// Timings of a final stage with `pairs` pairs beside the default: the default alone has nothing to be compared with
+// and is timed once.
+int final_timings(size_t pairs) {
+  return pairs == 0 ? 1 : kFinalRounds * static_cast<int>(pairs + 1) + 1;
 }
 
 // At most: the default may be on the shortlist (TuneProgress::drop_planned() takes back what was not timed).
 int staged_timings(int n1, int n2) {
-  return (n1 > 1 ? n1 : 0) + (n2 > 1 ? n2 : 0) + final_timings(std::min(n1, 2) * std::min(n2, 2) + 1);
+  return (n1 > 1 ? n1 : 0) + (n2 > 1 ? n2 : 0) + final_timings(std::min(n1, 2) * std::min(n2, 2));
+}
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
 thread_local const TuneOptions* g_active_scope = nullptr;
 
 }  // namespace
+
+double bracketed_ratio(std::span<const double> reference, std::span<const double> candidate, double fraction) {
+  if (candidate.empty()) throw InvalidArgument("tuner", "bracketed_ratio: candidate has no timings");
+  if (reference.size() != candidate.size() + 1)
+    throw InvalidArgument("tuner", fmt::format("bracketed_ratio: reference has {} timings, must have candidate's "
+                                               "{} + 1 (one before each round and one after the last)",
+                                               reference.size(), candidate.size()));
+  if (!(fraction > 0.0 && fraction < 1.0))
+    throw InvalidArgument("tuner", fmt::format("bracketed_ratio: fraction ({}) must be in (0, 1)", fraction));
+  auto check = [](std::span<const double> v, const char* what) {
+    for (size_t i = 0; i < v.size(); ++i)
+      if (!(std::isfinite(v[i]) && v[i] > 0.0))
+        throw InvalidArgument("tuner",
+                              fmt::format("bracketed_ratio: {}[{}] ({}) must be finite and positive", what, i, v[i]));
+  };
+  check(reference, "reference");
+  check(candidate, "candidate");
+  std::vector<double> ratios;
+  for (size_t r = 0; r < candidate.size(); ++r)
+    ratios.push_back(candidate[r] / (reference[r] + fraction * (reference[r + 1] - reference[r])));
+  return median_of(std::move(ratios));
+}
 
 CacheMetadata CacheMetadata::current() {
   CacheMetadata m;
@@ -182,7 +209,7 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
     if (!job.cached)
       job.planned = staged_timings(n1, n2);
     else if (options.mode == TuneMode::retime_shortlist)
-      job.planned = final_timings(job.cached->shortlist1.size() * job.cached->shortlist2.size() + 1);
+      job.planned = final_timings(job.cached->shortlist1.size() * job.cached->shortlist2.size());
     total += job.planned;
     jobs.push_back(std::move(job));
   }
@@ -219,26 +246,32 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
       progress.timed(r.bucket);
       return s;
     };
-    // The final stage: the shortlist pairs and the default in alternating rounds; stores the winner in r.best and
-    // its median and the default's in e (see kFinalRounds and kMinGain).
+    // The final stage (see kFinalRounds and kMinGain): stores the winner in r.best, the medians of its timings and
+    // the default's in e, and every timing in r.
     auto final_stage = [&](const std::vector<int>& s1, const std::vector<int>& s2, TacticPair def, TuningEntry& e) {
-      const std::vector<TacticPair> candidates = final_candidates(s1, s2, def);
-      std::vector<std::vector<double>> times(candidates.size());
-      for (int round = 0; round < final_rounds(candidates.size()); ++round)
-        for (size_t c = 0; c < candidates.size(); ++c) times[c].push_back(time(candidates[c]));
-      std::vector<double> medians;
-      for (std::vector<double>& t : times) {
-        std::sort(t.begin(), t.end());
-        medians.push_back(t[t.size() / 2]);
+      const std::vector<TacticPair> pairs = final_pairs(s1, s2, def);
+      r.default_timings = {time(def)};
+      r.final_stage.clear();
+      for (TacticPair p : pairs) r.final_stage.push_back({p, {}, 0.0});
+      for (int round = 0; round < (pairs.empty() ? 0 : kFinalRounds); ++round) {
+        for (FinalStageTiming& f : r.final_stage) f.seconds.push_back(time(f.tactics));
+        r.default_timings.push_back(time(def));
       }
-      size_t best = 0;
-      for (size_t c = 1; c < candidates.size(); ++c)
-        if (medians[c] < medians[best]) best = c;
-      const size_t d = static_cast<size_t>(std::find(candidates.begin(), candidates.end(), def) - candidates.begin());
-      if (medians[best] >= (1.0 - kMinGain) * medians[d]) best = d;
-      r.best = candidates[best];
-      e.seconds = medians[best];
-      e.default_seconds = medians[d];
+      r.best = def;
+      e.default_seconds = median_of(r.default_timings);
+      e.seconds = e.default_seconds;
+      double best_ratio = 1.0 - kMinGain;
+      for (size_t j = 0; j < r.final_stage.size(); ++j) {
+        FinalStageTiming& f = r.final_stage[j];
+        f.ratio = bracketed_ratio(r.default_timings, f.seconds, double(j + 1) / double(pairs.size() + 1));
+        const double median = median_of(f.seconds);
+        if (f.ratio < best_ratio && median < e.default_seconds) {
+          best_ratio = f.ratio;
+          r.best = f.tactics;
+          e.seconds = median;
+        }
+      }
+      if (pairs.empty()) r.default_timings.clear();  // one timing, nothing compared
       progress.drop_planned(job.planned - r.timed_configs);
     };
 

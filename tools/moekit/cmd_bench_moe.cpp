@@ -5,8 +5,9 @@
 // batched cuBLAS reference of each T; with --kernels, then each T's kernels).
 // `--tuned` instead compares, per T (default 1, 64, 4096), the autotuner's pair with the default heuristic's pair on
 // the "cuda_bf16" layer runner: staged tuning of T's bucket, verification of both pairs against the reference
-// runner, then route + experts of each pair as CUDA-graph replay medians in the same run. The tuner times on the
-// comparison's logits (TuneOptions::logits), skewed with --logit-skew.
+// runner, then route + experts of each pair as CUDA-graph replay medians in the same run, the tuned pair's timings
+// bracketed by the default's (bracketed_ratio()). The tuner times on the comparison's logits (TuneOptions::logits),
+// skewed with --logit-skew.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -197,7 +198,9 @@ void print_kernels(const MoeBenchReport& r) {
 struct TunedRow {
   int64_t tokens = 0, bucket = 0;
   std::string default_pair, tuned_pair;
-  double default_us = 0, tuned_us = 0;    // route + experts per call, graph replay median (median of 3 rounds)
+  double default_us = 0, tuned_us = 0;    // route + experts per call, graph replay median (median of the rounds)
+  double default_over_tuned = 0;          // 1 / bracketed_ratio() of the tuned pair's replays to the default's
+  TuneResult tuning;                      // the tuner's own timings (final stage)
   double tune_s = 0;                      // wall time of the staged tuning of this bucket
   int timings = 0;                        // configurations the tuner timed
   double default_err = 0, tuned_err = 0;  // verification (relative Frobenius error); -1 when skipped
@@ -270,6 +273,22 @@ double verify_pair(Runner& gpu, Runner& ref, TunedInputs& in, TacticPair pair, i
   return err;
 }
 
+// The smallest ratio of the tuner's final stage ("-" without one), with its pair's place when it is not the pick.
+std::string best_final_ratio(const TuneResult& r) {
+  if (r.final_stage.empty()) return "-";
+  const auto it =
+      std::min_element(r.final_stage.begin(), r.final_stage.end(),
+                       [](const FinalStageTiming& a, const FinalStageTiming& b) { return a.ratio < b.ratio; });
+  return fmt::format("{:.3f}{}", it->ratio, it->tactics == r.best ? "" : " (not taken)");
+}
+
+nlohmann::json final_stage_json(const Runner& r, const TuneResult& t) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const FinalStageTiming& f : t.final_stage)
+    j.push_back({{"pair", pair_name(r, f.tactics)}, {"seconds", f.seconds}, {"ratio", f.ratio}});
+  return j;
+}
+
 void run_tuned(const BenchMoeCli& o) {
   const Preset& preset = find_preset(o.preset);
   if (o.gemm1 >= 0 || o.gemm2 >= 0) throw InvalidArgument("bench", "--tuned picks the tactics: drop --gemm1/--gemm2");
@@ -295,7 +314,7 @@ void run_tuned(const BenchMoeCli& o) {
   }
   const double setup_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   constexpr int kVariants = 4;  // token windows rotated through the replays, so weights are not all L2-resident
-  constexpr int kRounds = 3;    // alternating rounds of the default and the tuned pair
+  constexpr int kRounds = 3;    // timings of the tuned pair, each between two of the default
   TunedInputs in(spec, max_t, kVariants, o.seed, o.logit_skew);
   const TuneOptions tune_options{.logits = in.all_logits()};
 
@@ -313,6 +332,7 @@ void run_tuned(const BenchMoeCli& o) {
     const TuneResult r = tuner.tune(*gpu, spec, request, tune_options).front();
     row.tune_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     row.timings = r.timed_configs;
+    row.tuning = r;
     // What MoELayer::forward() runs for t without and with the entry (a winner equal to the default where the bucket
     // was timed leaves the default for t in force).
     const TacticPair def = gpu->default_tactics(t), best = tuner.choose(*gpu, spec, t).tactics;
@@ -325,24 +345,28 @@ void run_tuned(const BenchMoeCli& o) {
       const bench::LaunchFn fn = [&](int v, Stream st) { gpu->execute(in.gpu(t, v), p, st); };
       return harness.graph_time(fn, kVariants, timing).median_us;
     };
-    // Three alternating rounds, each pair's median over them (as scripts/ab-moe.sh), so that a drift falls on both
-    // pairs alike. With the best of two rounds, a pair that was both the default and the tuned choice came out up to
-    // 4% apart from itself (qwen3-30b-a3b, T = 16384, H200).
-    std::vector<double> d, b;
+    // Rounds of the tuned pair, each between two of the default, compared by bracketed_ratio(), so that a drift
+    // linear in time cancels. (With the best of two rounds, a pair that was both the default and the tuned choice
+    // came out up to 4% apart from itself, qwen3-30b-a3b, T = 16384; with the medians of three alternating rounds,
+    // the default first in each, 3.2% apart, qwen3-30b-a3b, T = 4096; H200.)
+    std::vector<double> d{replay_us(def)}, b;
     for (int round = 0; round < kRounds; ++round) {
-      d.push_back(replay_us(def));
       b.push_back(replay_us(best));
+      d.push_back(replay_us(def));
     }
     row.default_us = bench::summarize(d).median_us;
     row.tuned_us = bench::summarize(b).median_us;
+    row.default_over_tuned = 1.0 / bracketed_ratio(d, b, 0.5);
     rows.push_back(row);
   }
 
   std::printf(
       "%s",
       fmt::format("moe bench --tuned: {} on {}, runner {}@{}; route + experts per call, CUDA-graph "
-                  "replay medians ({} replays of {} calls over {} token windows), median of {} alternating rounds; "
-                  "synthetic weights built in {:.1f} s{}\n",
+                  "replay medians ({} replays of {} calls over {} token windows), {} timings of the tuned pair, each "
+                  "between two of the default (default / tuned: the drift-corrected ratio); tuner ratio: the best "
+                  "final-stage pair's time over the default's, as the tuner measured it; synthetic weights built in "
+                  "{:.1f} s{}\n",
                   preset.name, device_info(0).name, gpu->name(), gpu->version(), o.samples, timing.graph_calls,
                   kVariants, kRounds, setup_s,
                   o.logit_skew > 0.0f ? fmt::format("; tuned and timed with each expert's logits offset by a fixed "
@@ -352,15 +376,16 @@ void run_tuned(const BenchMoeCli& o) {
           .c_str());
   std::printf(
       "| T | bucket | default gemm1 / gemm2 | tuned gemm1 / gemm2 | default us | tuned us | default / tuned "
-      "| tuning s | timings | verify err (default, tuned) |\n|---|---|---|---|---|---|---|---|---|---|\n");
+      "| tuner ratio | tuning s | timings | verify err (default, tuned) "
+      "|\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   double total_tune = 0;
   for (const TunedRow& x : rows) {
     total_tune += x.tune_s;
-    std::printf(
-        "%s", fmt::format("| {} | {} | {} | {} | {:.1f} | {:.1f} | {:.3f} | {:.2f} | {} | {} |\n", x.tokens, x.bucket,
-                          x.default_pair, x.tuned_pair, x.default_us, x.tuned_us, x.default_us / x.tuned_us, x.tune_s,
-                          x.timings, verify ? fmt::format("{:.1e}, {:.1e}", x.default_err, x.tuned_err) : "skipped")
-                  .c_str());
+    std::printf("%s", fmt::format("| {} | {} | {} | {} | {:.1f} | {:.1f} | {:.3f} | {} | {:.2f} | {} | {} |\n",
+                                  x.tokens, x.bucket, x.default_pair, x.tuned_pair, x.default_us, x.tuned_us,
+                                  x.default_over_tuned, best_final_ratio(x.tuning), x.tune_s, x.timings,
+                                  verify ? fmt::format("{:.1e}, {:.1e}", x.default_err, x.tuned_err) : "skipped")
+                          .c_str());
   }
   std::printf("%s", fmt::format("staged tuning: {:.2f} s for {} bucket(s)\n", total_tune, rows.size()).c_str());
   if (!o.json.empty()) {
@@ -376,7 +401,9 @@ void run_tuned(const BenchMoeCli& o) {
                            {"tuned_pair", x.tuned_pair},
                            {"default_us", x.default_us},
                            {"tuned_us", x.tuned_us},
-                           {"default_over_tuned", x.default_us / x.tuned_us},
+                           {"default_over_tuned", x.default_over_tuned},
+                           {"tuner_default_timings_s", x.tuning.default_timings},
+                           {"tuner_final_stage", final_stage_json(*gpu, x.tuning)},
                            {"tune_s", x.tune_s},
                            {"timings", x.timings},
                            {"default_err", x.default_err},
