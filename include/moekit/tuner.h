@@ -2,7 +2,8 @@
 // Staged search: rank GEMM1 tactics alone (with the default GEMM2), GEMM2 tactics alone (with the default GEMM1),
 // keep the top 2 of each, then time the 2x2 pairs end to end in three rounds, each round bracketed by timings of the
 // default pair: n1 + n2 + 16 timings instead of n1 * n2, and a pair replaces the default only where it is more than
-// 1% faster than the default timed around it (bracketed_ratio(): medians over the rounds of drift-corrected ratios).
+// 1% faster than the default timed around it (bracketed_ratio(): medians over the rounds of drift-corrected ratios),
+// and by more than the default's timings stray from a straight line (bracketing_spread()).
 // Winners live in an in-memory cache and a persisted JSON cache (atomic write under a lock file, merged with what is
 // on disk, invalidated by a metadata mismatch). Without an entry, the runner's deterministic default heuristic picks,
 // for each T; so it does where the winner is the default pair at the T the bucket was timed at (the search confirmed
@@ -147,6 +148,13 @@ struct TuneOptions {
 /// every time is finite and positive, and 0 < fraction < 1.
 double bracketed_ratio(std::span<const double> reference, std::span<const double> candidate, double fraction);
 
+/// What bracketing cannot cancel: the largest relative distance of an inner reference timing from the straight line
+/// between its two neighbours, max over 0 < i < n - 1 of |reference[i] - m_i| / m_i with m_i = (reference[i - 1] +
+/// reference[i + 1]) / 2; 0 with fewer than three timings. A linear drift gives 0; a reference that jumps by x% and
+/// back gives x%, and so would a candidate's bracketed_ratio() that compares with it, however fast the candidate is.
+/// Throws InvalidArgument unless every time is finite and positive.
+double bracketing_spread(std::span<const double> reference);
+
 /// One pair of the final stage and its timings (TuneResult::final_stage).
 struct FinalStageTiming {
   TacticPair tactics;
@@ -167,6 +175,10 @@ struct TuneResult {
   // before each round and one after the last) and every other pair's, in the order they were timed.
   std::vector<double> default_timings;
   std::vector<FinalStageTiming> final_stage;
+  // bracketing_spread(default_timings), and the ratio a pair had to stay below to replace the default:
+  // 1 - max(0.01, spread) (0 and 0 without a final stage).
+  double default_spread = 0;
+  double threshold = 0;
 };
 
 /// The tactic pair forward() runs and where it came from.
@@ -208,9 +220,11 @@ class Autotuner {
   /// single tactic has nothing to rank and is skipped, and the shortlist pairs are min(2, n1) * min(2, n2); a single
   /// final candidate (n1 = n2 = 1) is timed once. Each pair is judged by bracketed_ratio() against the default
   /// timings around its rounds, which cancels a linear drift of the GPU's speed during the stage; the pair with the
-  /// smallest ratio (the earlier one on ties) replaces the default only where that ratio is below 0.99 and its median
-  /// time is below the default's too (so that one slow timing of the default, which enters two rounds' ratios,
-  /// cannot make an equal pair win). The entry records both medians. The timings run on the
+  /// smallest ratio (the earlier one on ties) replaces the default only where that ratio is below 1 - max(0.01,
+  /// bracketing_spread(default timings)) and its median time is below the default's too: a gain must exceed 1% and
+  /// the default's own departure from a straight line during the stage, which a drift-corrected ratio cannot tell
+  /// from a gain, and one slow timing of the default, which enters two rounds' ratios, cannot make an equal pair win.
+  /// The entry records both medians. The timings run on the
   /// runner's own synthetic inputs (Runner::time_tactics()) unless options.logits names the routing to time on;
   /// cuda_bf16's synthetic logits are uniform random, so its routing is near-uniform, and a pair that wins there can
   /// lose under skewed routing (mixtral-8x7b at T = 1024: swapped 96x256 tiles 6.6% faster with uniform routing,

@@ -2,8 +2,8 @@
 // default GEMM2, every GEMM2 tactic with the default GEMM1, keep the 2 fastest of each, then time the (at most) 4
 // pairs in rounds bracketed by timings of the default pair and keep the one with the smallest drift-corrected ratio
 // to the default (ties: the earlier candidate, so results are deterministic for equal costs), unless it beats the
-// default by less than kMinGain. A stage with a single tactic has nothing to rank and is skipped. Persistence lives
-// in tuning_cache.cpp.
+// default by less than kMinGain or than the default's own spread (bracketing_spread()). A stage with a single tactic
+// has nothing to rank and is skipped. Persistence lives in tuning_cache.cpp.
 #include "moekit/tuner.h"
 
 #include <fmt/format.h>
@@ -72,11 +72,14 @@ std::optional<Resolved> resolve(const Runner& runner, const TuningEntry& e) {
 
 // The final stage times its pairs in kFinalRounds rounds, each opened by a timing of the default pair, and the
 // default once more after the last round; each pair is judged by its bracketed_ratio() to the default timed around
-// it, so that a clock or temperature drift during the stage cancels where it is linear. A pair other than the
-// default must beat it by more than kMinGain: a tuned entry should be a measured gain, not a draw inside the spread
-// of repeated timings. (Before, the default was timed last in each round, after the same pairs in the same order:
-// on an H200, `bench moe --tuned` timed one pair 3.2% apart from itself in alternating replays, and once took a pair
-// that its comparison then found 4.9% slower than the default.)
+// it, so that a clock or temperature drift during the stage cancels where it is linear. (Before, the default was
+// timed last in each round, after the same pairs in the same order: on an H200, `bench moe --tuned` timed one pair
+// 3.2% apart from itself in alternating replays, and once took a pair that its comparison then found 4.9% slower
+// than the default.) A pair other than the default must beat it by more than kMinGain, and by more than the
+// default's timings stray from a straight line (bracketing_spread(): a jump of the GPU's speed that bracketing
+// cannot cancel): a tuned entry should be a measured gain, not a draw inside the spread of repeated timings. (On an
+// H200, deepseek-v3 at T = 4096, default timings of 6658 / 6697 / 6566 / 7070 us, a spread of 4.7%, let a pair read
+// 0.980 that `bench moe --tuned` then timed at 1.001 of the default; docs/benchmarks.md, "Fortieth session".)
 constexpr int kFinalRounds = 3;
 constexpr double kMinGain = 0.01;
 
@@ -108,6 +111,12 @@ double median_of(std::vector<double> v) {
 
 thread_local const TuneOptions* g_active_scope = nullptr;
 
+void check_timings(const char* op, std::span<const double> v, const char* what) {
+  for (size_t i = 0; i < v.size(); ++i)
+    if (!(std::isfinite(v[i]) && v[i] > 0.0))
+      throw InvalidArgument("tuner", fmt::format("{}: {}[{}] ({}) must be finite and positive", op, what, i, v[i]));
+}
+
 }  // namespace
 
 double bracketed_ratio(std::span<const double> reference, std::span<const double> candidate, double fraction) {
@@ -118,18 +127,22 @@ double bracketed_ratio(std::span<const double> reference, std::span<const double
                                                reference.size(), candidate.size()));
   if (!(fraction > 0.0 && fraction < 1.0))
     throw InvalidArgument("tuner", fmt::format("bracketed_ratio: fraction ({}) must be in (0, 1)", fraction));
-  auto check = [](std::span<const double> v, const char* what) {
-    for (size_t i = 0; i < v.size(); ++i)
-      if (!(std::isfinite(v[i]) && v[i] > 0.0))
-        throw InvalidArgument("tuner",
-                              fmt::format("bracketed_ratio: {}[{}] ({}) must be finite and positive", what, i, v[i]));
-  };
-  check(reference, "reference");
-  check(candidate, "candidate");
+  check_timings("bracketed_ratio", reference, "reference");
+  check_timings("bracketed_ratio", candidate, "candidate");
   std::vector<double> ratios;
   for (size_t r = 0; r < candidate.size(); ++r)
     ratios.push_back(candidate[r] / (reference[r] + fraction * (reference[r + 1] - reference[r])));
   return median_of(std::move(ratios));
+}
+
+double bracketing_spread(std::span<const double> reference) {
+  check_timings("bracketing_spread", reference, "reference");
+  double spread = 0.0;
+  for (size_t i = 1; i + 1 < reference.size(); ++i) {
+    const double line = 0.5 * (reference[i - 1] + reference[i + 1]);
+    spread = std::max(spread, std::abs(reference[i] - line) / line);
+  }
+  return spread;
 }
 
 CacheMetadata CacheMetadata::current() {
@@ -260,7 +273,11 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
       r.best = def;
       e.default_seconds = median_of(r.default_timings);
       e.seconds = e.default_seconds;
-      double best_ratio = 1.0 - kMinGain;
+      if (!pairs.empty()) {
+        r.default_spread = bracketing_spread(r.default_timings);
+        r.threshold = 1.0 - std::max(kMinGain, r.default_spread);
+      }
+      double best_ratio = r.threshold;
       for (size_t j = 0; j < r.final_stage.size(); ++j) {
         FinalStageTiming& f = r.final_stage[j];
         f.ratio = bracketed_ratio(r.default_timings, f.seconds, double(j + 1) / double(pairs.size() + 1));

@@ -273,13 +273,15 @@ double verify_pair(Runner& gpu, Runner& ref, TunedInputs& in, TacticPair pair, i
   return err;
 }
 
-// The smallest ratio of the tuner's final stage ("-" without one), with its pair's place when it is not the pick.
+// The smallest ratio of the tuner's final stage ("-" without one); when its pair is not the pick, the bound a pair
+// had to stay below (TuneResult::threshold).
 std::string best_final_ratio(const TuneResult& r) {
   if (r.final_stage.empty()) return "-";
   const auto it =
       std::min_element(r.final_stage.begin(), r.final_stage.end(),
                        [](const FinalStageTiming& a, const FinalStageTiming& b) { return a.ratio < b.ratio; });
-  return fmt::format("{:.3f}{}", it->ratio, it->tactics == r.best ? "" : " (not taken)");
+  return it->tactics == r.best ? fmt::format("{:.3f}", it->ratio)
+                               : fmt::format("{:.3f} (not taken, bound {:.3f})", it->ratio, r.threshold);
 }
 
 nlohmann::json final_stage_json(const Runner& r, const TuneResult& t) {
@@ -365,7 +367,9 @@ void run_tuned(const BenchMoeCli& o) {
       fmt::format("moe bench --tuned: {} on {}, runner {}@{}; route + experts per call, CUDA-graph "
                   "replay medians ({} replays of {} calls over {} token windows), {} timings of the tuned pair, each "
                   "between two of the default (default / tuned: the drift-corrected ratio); tuner ratio: the best "
-                  "final-stage pair's time over the default's, as the tuner measured it; synthetic weights built in "
+                  "final-stage pair's time over the default's, as the tuner measured it (a pair replaces the default "
+                  "below the bound: "
+                  "0.99, or lower where the default's timings strayed); synthetic weights built in "
                   "{:.1f} s{}\n",
                   preset.name, device_info(0).name, gpu->name(), gpu->version(), o.samples, timing.graph_calls,
                   kVariants, kRounds, setup_s,
@@ -403,6 +407,8 @@ void run_tuned(const BenchMoeCli& o) {
                            {"tuned_us", x.tuned_us},
                            {"default_over_tuned", x.default_over_tuned},
                            {"tuner_default_timings_s", x.tuning.default_timings},
+                           {"tuner_default_spread", x.tuning.default_spread},
+                           {"tuner_threshold", x.tuning.threshold},
                            {"tuner_final_stage", final_stage_json(*gpu, x.tuning)},
                            {"tune_s", x.tune_s},
                            {"timings", x.timings},
