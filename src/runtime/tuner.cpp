@@ -78,7 +78,7 @@ std::optional<Resolved> resolve(const Runner& runner, const TuningEntry& e) {
 // than the default.) A pair other than the default must beat it by more than kMinGain, and by more than the
 // default's timings stray from a straight line (bracketing_spread(): a jump of the GPU's speed that bracketing
 // cannot cancel): a tuned entry should be a measured gain, not a draw inside the spread of repeated timings. (On an
-// H200, deepseek-v3 at T = 4096, default timings of 6658 / 6697 / 6566 / 7070 us, a spread of 4.7%, let a pair read
+// H200, deepseek-v3 at T = 4096, default timings of 6658 / 6697 / 6566 / 7070 us, a spread of 4.6%, let a pair read
 // 0.980 that `bench moe --tuned` then timed at 1.001 of the default; docs/benchmarks.md, "Fortieth session".)
 constexpr int kFinalRounds = 3;
 constexpr double kMinGain = 0.01;

@@ -198,11 +198,12 @@ void print_kernels(const MoeBenchReport& r) {
 struct TunedRow {
   int64_t tokens = 0, bucket = 0;
   std::string default_pair, tuned_pair;
-  double default_us = 0, tuned_us = 0;    // route + experts per call, graph replay median (median of the rounds)
-  double default_over_tuned = 0;          // 1 / bracketed_ratio() of the tuned pair's replays to the default's
-  TuneResult tuning;                      // the tuner's own timings (final stage)
-  double tune_s = 0;                      // wall time of the staged tuning of this bucket
-  int timings = 0;                        // configurations the tuner timed
+  double default_us = 0, tuned_us = 0;  // route + experts per call, graph replay median (median of the rounds)
+  double default_over_tuned = 0;        // 1 / bracketed_ratio() of the tuned pair's replays to the default's
+  double default_spread = 0;            // bracketing_spread() of the default's replays: what that ratio cannot cancel
+  TuneResult tuning;                    // the tuner's own timings (final stage)
+  double tune_s = 0;                    // wall time of the staged tuning of this bucket
+  int timings = 0;                      // configurations the tuner timed
   double default_err = 0, tuned_err = 0;  // verification (relative Frobenius error); -1 when skipped
 };
 
@@ -359,37 +360,39 @@ void run_tuned(const BenchMoeCli& o) {
     row.default_us = bench::summarize(d).median_us;
     row.tuned_us = bench::summarize(b).median_us;
     row.default_over_tuned = 1.0 / bracketed_ratio(d, b, 0.5);
+    row.default_spread = bracketing_spread(d);
     rows.push_back(row);
   }
 
   std::printf(
-      "%s",
-      fmt::format("moe bench --tuned: {} on {}, runner {}@{}; route + experts per call, CUDA-graph "
-                  "replay medians ({} replays of {} calls over {} token windows), {} timings of the tuned pair, each "
-                  "between two of the default (default / tuned: the drift-corrected ratio); tuner ratio: the best "
-                  "final-stage pair's time over the default's, as the tuner measured it (a pair replaces the default "
-                  "below the bound: "
-                  "0.99, or lower where the default's timings strayed); synthetic weights built in "
-                  "{:.1f} s{}\n",
-                  preset.name, device_info(0).name, gpu->name(), gpu->version(), o.samples, timing.graph_calls,
-                  kVariants, kRounds, setup_s,
-                  o.logit_skew > 0.0f ? fmt::format("; tuned and timed with each expert's logits offset by a fixed "
-                                                    "value uniform in [-S, S) with S = {}",
-                                                    o.logit_skew)
-                                      : "")
-          .c_str());
+      "%s", fmt::format(
+                "moe bench --tuned: {} on {}, runner {}@{}; route + experts per call, CUDA-graph "
+                "replay medians ({} replays of {} calls over {} token windows), {} timings of the tuned pair, each "
+                "between two of the default (default / tuned: the drift-corrected ratio; default spread: how far "
+                "the default's timings strayed from a straight line, which that ratio cannot cancel); tuner ratio: "
+                "the best final-stage pair's time over the default's, as the tuner measured it (a pair replaces the "
+                "default below the bound: 0.99, or lower where the default's timings strayed); synthetic weights "
+                "built in {:.1f} s{}\n",
+                preset.name, device_info(0).name, gpu->name(), gpu->version(), o.samples, timing.graph_calls,
+                kVariants, kRounds, setup_s,
+                o.logit_skew > 0.0f ? fmt::format("; tuned and timed with each expert's logits offset by a fixed "
+                                                  "value uniform in [-S, S) with S = {}",
+                                                  o.logit_skew)
+                                    : "")
+                .c_str());
   std::printf(
       "| T | bucket | default gemm1 / gemm2 | tuned gemm1 / gemm2 | default us | tuned us | default / tuned "
-      "| tuner ratio | tuning s | timings | verify err (default, tuned) "
-      "|\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| default spread | tuner ratio | tuning s | timings | verify err (default, tuned) "
+      "|\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   double total_tune = 0;
   for (const TunedRow& x : rows) {
     total_tune += x.tune_s;
-    std::printf("%s", fmt::format("| {} | {} | {} | {} | {:.1f} | {:.1f} | {:.3f} | {} | {:.2f} | {} | {} |\n",
-                                  x.tokens, x.bucket, x.default_pair, x.tuned_pair, x.default_us, x.tuned_us,
-                                  x.default_over_tuned, best_final_ratio(x.tuning), x.tune_s, x.timings,
-                                  verify ? fmt::format("{:.1e}, {:.1e}", x.default_err, x.tuned_err) : "skipped")
-                          .c_str());
+    std::printf("%s",
+                fmt::format("| {} | {} | {} | {} | {:.1f} | {:.1f} | {:.3f} | {:.1f}% | {} | {:.2f} | {} | {} |\n",
+                            x.tokens, x.bucket, x.default_pair, x.tuned_pair, x.default_us, x.tuned_us,
+                            x.default_over_tuned, 100.0 * x.default_spread, best_final_ratio(x.tuning), x.tune_s,
+                            x.timings, verify ? fmt::format("{:.1e}, {:.1e}", x.default_err, x.tuned_err) : "skipped")
+                    .c_str());
   }
   std::printf("%s", fmt::format("staged tuning: {:.2f} s for {} bucket(s)\n", total_tune, rows.size()).c_str());
   if (!o.json.empty()) {
@@ -406,6 +409,7 @@ void run_tuned(const BenchMoeCli& o) {
                            {"default_us", x.default_us},
                            {"tuned_us", x.tuned_us},
                            {"default_over_tuned", x.default_over_tuned},
+                           {"default_spread", x.default_spread},
                            {"tuner_default_timings_s", x.tuning.default_timings},
                            {"tuner_default_spread", x.tuning.default_spread},
                            {"tuner_threshold", x.tuning.threshold},
