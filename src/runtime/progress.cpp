@@ -61,11 +61,15 @@ void TuneProgress::bucket_done(const TuneResult& r, const std::string& gemm1, co
   std::string line =
       fmt::format("{}: T={} (bucket {}): gemm1={} gemm2={} {} (default {}), ", label_, r.tokens, r.bucket, gemm1,
                   gemm2, format_seconds(r.entry.seconds), format_seconds(r.entry.default_seconds));
-  if (r.from_cache)
+  if (r.from_cache) {
     line += "cached";
-  else
+  } else {
+    // Where the default's timings strayed by more than the 1% bar, the bar a pair had to clear (Autotuner::tune()).
+    if (r.threshold > 0.0 && r.threshold < 0.99)
+      line += fmt::format("default spread {:.1f}%, bound {:.3f}; ", 100.0 * r.default_spread, r.threshold);
     line += fmt::format("{} timed; {}/{} timings, {} elapsed, {}", r.timed_configs, done_, total_,
                         format_seconds(clock_() - start_), eta());
+  }
   std::fprintf(stream_, "%s\n", line.c_str());
   std::fflush(stream_);
 }
