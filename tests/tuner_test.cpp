@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <map>
 #include <set>
@@ -409,13 +410,18 @@ TEST(StagedTuning, ADefaultThatStraysFromAStraightLineRaisesTheBar) {
   EXPECT_EQ(res.entry.gemm2, "g2_0");
 }
 
+// Costs where the default (0, 0) alternates 10 / 10.2 (its final-stage timings 10, 10.2, 10, 10.2: a spread of 2%)
+// and (1, 1) costs 9.5.
+std::function<double(TacticPair)> wobbling_default_cost() {
+  return [calls = 0](TacticPair p) mutable {
+    if (p == TacticPair{0, 0}) return calls++ % 2 == 1 ? 10.2 : 10.0;
+    return paired_cost(p, 1.5);
+  };
+}
+
 // A default that wobbles by 2% around a straight line still lets a pair 5% faster win, and the bar is 0.98.
 TEST(StagedTuning, AFasterPairStillWinsAboveTheDefaultsSpread) {
-  int default_calls = 0;
-  auto r = built_runner({.cost = [&](TacticPair p) {
-    if (p == TacticPair{0, 0}) return (default_calls++ % 2 == 1 ? 10.2 : 10.0);  // final: 10, 10.2, 10, 10.2
-    return paired_cost(p, 1.5);                                                  // (1, 1): 9.5
-  }});
+  auto r = built_runner({.cost = wobbling_default_cost()});
   Autotuner tuner(test_metadata());
   const int64_t tokens[] = {64};
   const TuneResult res = tuner.tune(*r, small_spec(), tokens)[0];
@@ -673,11 +679,7 @@ TEST(Progress, PlainLinesWhenNotATerminal) {
 // A line names the raised bar where the default's final timings strayed by more than 1%, and only there.
 TEST(Progress, ALineNamesTheBoundWhereTheDefaultStrayed) {
   std::FILE* f = std::tmpfile();
-  int default_calls = 0;
-  auto r = built_runner({.cost = [&](TacticPair p) {
-    if (p == TacticPair{0, 0}) return (default_calls++ % 2 == 1 ? 10.2 : 10.0);  // final: 10, 10.2, 10, 10.2
-    return paired_cost(p, 1.5);
-  }});
+  auto r = built_runner({.cost = wobbling_default_cost()});
   Autotuner tuner(test_metadata());
   const int64_t tokens[] = {64};
   tuner.tune(*r, small_spec(), tokens, {.progress = ProgressStyle::lines, .progress_stream = f});

@@ -155,6 +155,10 @@ double bracketed_ratio(std::span<const double> reference, std::span<const double
 /// Throws InvalidArgument unless every time is finite and positive.
 double bracketing_spread(std::span<const double> reference);
 
+/// The least gain that lets a pair replace the default pair (Autotuner::tune()): its drift-corrected ratio to the
+/// default must be below 1 - max(kMinTunedGain, bracketing_spread(default timings)).
+inline constexpr double kMinTunedGain = 0.01;
+
 /// One pair of the final stage and its timings (TuneResult::final_stage).
 struct FinalStageTiming {
   TacticPair tactics;
@@ -176,7 +180,7 @@ struct TuneResult {
   std::vector<double> default_timings;
   std::vector<FinalStageTiming> final_stage;
   // bracketing_spread(default_timings), and the ratio a pair had to stay below to replace the default:
-  // 1 - max(0.01, spread) (0 and 0 without a final stage).
+  // 1 - max(kMinTunedGain, spread) (0 and 0 without a final stage).
   double default_spread = 0;
   double threshold = 0;
 };
@@ -220,17 +224,17 @@ class Autotuner {
   /// single tactic has nothing to rank and is skipped, and the shortlist pairs are min(2, n1) * min(2, n2); a single
   /// final candidate (n1 = n2 = 1) is timed once. Each pair is judged by bracketed_ratio() against the default
   /// timings around its rounds, which cancels a linear drift of the GPU's speed during the stage; the pair with the
-  /// smallest ratio (the earlier one on ties) replaces the default only where that ratio is below 1 - max(0.01,
-  /// bracketing_spread(default timings)) and its median time is below the default's too: a gain must exceed 1% and
-  /// the default's own departure from a straight line during the stage, which a drift-corrected ratio cannot tell
-  /// from a gain, and one slow timing of the default, which enters two rounds' ratios, cannot make an equal pair win.
-  /// The entry records both medians. The timings run on the
-  /// runner's own synthetic inputs (Runner::time_tactics()) unless options.logits names the routing to time on;
-  /// cuda_bf16's synthetic logits are uniform random, so its routing is near-uniform, and a pair that wins there can
-  /// lose under skewed routing (mixtral-8x7b at T = 1024: swapped 96x256 tiles 6.6% faster with uniform routing,
-  /// 3.7% slower with the hottest expert at 1.4x the mean rows; docs/benchmarks.md, "Thirty-third session").
-  /// Throws InvalidArgument when something must be timed and the runner is not built or options.logits is invalid,
-  /// or for token counts out of range, and what the runner throws.
+  /// smallest ratio (the earlier one on ties) replaces the default only where that ratio is below 1 -
+  /// max(kMinTunedGain, bracketing_spread(default timings)) and its median time is below the default's too: a gain
+  /// must exceed 1% and the default's own departure from a straight line during the stage, which a drift-corrected
+  /// ratio cannot tell from a gain, and one slow timing of the default, which enters two rounds' ratios, cannot make
+  /// an equal pair win. The entry records both medians. The timings run on the runner's own synthetic inputs
+  /// (Runner::time_tactics()) unless options.logits names the routing to time on; cuda_bf16's synthetic logits are
+  /// uniform random, so its routing is near-uniform, and a pair that wins there can lose under skewed routing
+  /// (mixtral-8x7b at T = 1024: swapped 96x256 tiles 6.6% faster with uniform routing, 3.7% slower with the hottest
+  /// expert at 1.4x the mean rows; docs/benchmarks.md, "Thirty-third session"). Throws InvalidArgument when something
+  /// must be timed and the runner is not built or options.logits is invalid, or for token counts out of range, and
+  /// what the runner throws.
   std::vector<TuneResult> tune(Runner& runner, const LayerSpec& spec, std::span<const int64_t> tokens,
                                const TuneOptions& options = {});
 

@@ -64,8 +64,8 @@ void TuneProgress::bucket_done(const TuneResult& r, const std::string& gemm1, co
   if (r.from_cache) {
     line += "cached";
   } else {
-    // Where the default's timings strayed by more than the 1% bar, the bar a pair had to clear (Autotuner::tune()).
-    if (r.threshold > 0.0 && r.threshold < 0.99)
+    // Where the default's timings strayed by more than kMinTunedGain, the raised bar a pair had to clear.
+    if (r.default_spread > kMinTunedGain)
       line += fmt::format("default spread {:.1f}%, bound {:.3f}; ", 100.0 * r.default_spread, r.threshold);
     line += fmt::format("{} timed; {}/{} timings, {} elapsed, {}", r.timed_configs, done_, total_,
                         format_seconds(clock_() - start_), eta());

@@ -2,8 +2,8 @@
 // default GEMM2, every GEMM2 tactic with the default GEMM1, keep the 2 fastest of each, then time the (at most) 4
 // pairs in rounds bracketed by timings of the default pair and keep the one with the smallest drift-corrected ratio
 // to the default (ties: the earlier candidate, so results are deterministic for equal costs), unless it beats the
-// default by less than kMinGain or than the default's own spread (bracketing_spread()). A stage with a single tactic
-// has nothing to rank and is skipped. Persistence lives in tuning_cache.cpp.
+// default by less than kMinTunedGain or than the default's own spread (bracketing_spread()). A stage with a single
+// tactic has nothing to rank and is skipped. Persistence lives in tuning_cache.cpp.
 #include "moekit/tuner.h"
 
 #include <fmt/format.h>
@@ -75,13 +75,12 @@ std::optional<Resolved> resolve(const Runner& runner, const TuningEntry& e) {
 // it, so that a clock or temperature drift during the stage cancels where it is linear. (Before, the default was
 // timed last in each round, after the same pairs in the same order: on an H200, `bench moe --tuned` timed one pair
 // 3.2% apart from itself in alternating replays, and once took a pair that its comparison then found 4.9% slower
-// than the default.) A pair other than the default must beat it by more than kMinGain, and by more than the
+// than the default.) A pair other than the default must beat it by more than kMinTunedGain, and by more than the
 // default's timings stray from a straight line (bracketing_spread(): a jump of the GPU's speed that bracketing
 // cannot cancel): a tuned entry should be a measured gain, not a draw inside the spread of repeated timings. (On an
 // H200, deepseek-v3 at T = 4096, default timings of 6658 / 6697 / 6566 / 7070 us, a spread of 4.6%, let a pair read
 // 0.980 that `bench moe --tuned` then timed at 1.001 of the default; docs/benchmarks.md, "Fortieth session".)
 constexpr int kFinalRounds = 3;
-constexpr double kMinGain = 0.01;
 
 // The shortlist pairs but the default, in order.
 std::vector<TacticPair> final_pairs(const std::vector<int>& s1, const std::vector<int>& s2, TacticPair def) {
@@ -259,8 +258,8 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
       progress.timed(r.bucket);
       return s;
     };
-    // The final stage (see kFinalRounds and kMinGain): stores the winner in r.best, the medians of its timings and
-    // the default's in e, and every timing in r.
+    // The final stage (see kFinalRounds and kMinTunedGain): stores the winner in r.best, the medians of its timings
+    // and the default's in e, and every timing in r.
     auto final_stage = [&](const std::vector<int>& s1, const std::vector<int>& s2, TacticPair def, TuningEntry& e) {
       const std::vector<TacticPair> pairs = final_pairs(s1, s2, def);
       r.default_timings = {time(def)};
@@ -275,7 +274,7 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
       e.seconds = e.default_seconds;
       if (!pairs.empty()) {
         r.default_spread = bracketing_spread(r.default_timings);
-        r.threshold = 1.0 - std::max(kMinGain, r.default_spread);
+        r.threshold = 1.0 - std::max(kMinTunedGain, r.default_spread);
       }
       double best_ratio = r.threshold;
       for (size_t j = 0; j < r.final_stage.size(); ++j) {

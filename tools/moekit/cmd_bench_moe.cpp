@@ -371,10 +371,10 @@ void run_tuned(const BenchMoeCli& o) {
                 "between two of the default (default / tuned: the drift-corrected ratio; default spread: how far "
                 "the default's timings strayed from a straight line, which that ratio cannot cancel); tuner ratio: "
                 "the best final-stage pair's time over the default's, as the tuner measured it (a pair replaces the "
-                "default below the bound: 0.99, or lower where the default's timings strayed); synthetic weights "
+                "default below the bound: {:.2f}, or lower where the default's timings strayed); synthetic weights "
                 "built in {:.1f} s{}\n",
                 preset.name, device_info(0).name, gpu->name(), gpu->version(), o.samples, timing.graph_calls,
-                kVariants, kRounds, setup_s,
+                kVariants, kRounds, 1.0 - kMinTunedGain, setup_s,
                 o.logit_skew > 0.0f ? fmt::format("; tuned and timed with each expert's logits offset by a fixed "
                                                   "value uniform in [-S, S) with S = {}",
                                                   o.logit_skew)
