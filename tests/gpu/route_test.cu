@@ -74,7 +74,7 @@ struct Case {
   Dist dist = Dist::normal;
   int ctas = 0;          // forced grid size, 0 = heuristic
   int row0 = 0;          // the distribution's first row: nan and special pick their rows' kind by row index
-  bool general = false;  // decode calls (T <= 8, one CTA) through the general kernel instance
+  bool general = false;  // calls of one CTA and at most 16 tokens through the general kernel instance
 };
 
 // Host-side copy of one plan's fields for T tokens.
@@ -292,8 +292,9 @@ class GpuRoute : public ::testing::Test {
 
 // Routes case `c` on the GPU (into `plan`, already allocated) and on the CPU, and compares everything. `pairs`:
 // when the router may route two tokens per warp (RoutePairs::always: wherever its kernel instance allows).
-// Returns whether it did.
-bool check_case(const Case& c, uint64_t seed, detail::RoutePairs pairs = detail::RoutePairs::heuristic) {
+// Returns whether it did; `token_masks`, if given, whether the call took the token-mask instance.
+bool check_case(const Case& c, uint64_t seed, detail::RoutePairs pairs = detail::RoutePairs::heuristic,
+                bool* token_masks = nullptr) {
   const bool forced = pairs == detail::RoutePairs::always;
   SCOPED_TRACE(c.name + " seed " + std::to_string(seed) + (forced ? " (pairs always)" : ""));
   std::printf("[ case     ] %s seed=%llu%s\n", c.name.c_str(), static_cast<unsigned long long>(seed),
@@ -350,6 +351,7 @@ bool check_case(const Case& c, uint64_t seed, detail::RoutePairs pairs = detail:
   route(c.cfg, logits_view(d_logits.data(), c, T, in.stride, Device::cuda()), dev_bias, plan, nullptr, dev_replay);
   detail::set_route_cuda_tuning({});
   const bool used_pairs = T > 0 && detail::route_cuda_last_pairs();
+  if (token_masks != nullptr) *token_masks = detail::route_cuda_last_token_masks();
   ck(cudaDeviceSynchronize(), "route");
   const PlanHost got = read_plan(plan.view(), T, true);
   std::vector<int16_t> replay_got(static_cast<size_t>(R * K));
@@ -368,7 +370,7 @@ bool check_case(const Case& c, uint64_t seed, detail::RoutePairs pairs = detail:
 }
 
 // Decode calls: every case above again at T = 1, through the decode kernel instance and through the general one, and
-// the cases of 2-8 tokens through the general one too; then one-token shapes (32 consecutive experts holding every
+// the cases of 2-16 tokens on one CTA (decode and token-mask instances) through the general one too; then one-token shapes (32 consecutive experts holding every
 // winner, K = 32, E = 1-513, groups of 1-64 experts, each row kind of the nan and special distributions) and calls
 // of 2-9 tokens.
 void decode_cases(std::vector<Case>& v) {
@@ -385,9 +387,9 @@ void decode_cases(std::vector<Case>& v) {
     c.general = true;
     v.push_back(c);
   }
-  for (size_t i = 0; i < n; ++i) {  // the other decode calls through the general instance too
+  for (size_t i = 0; i < n; ++i) {  // the other calls of one CTA and one token per warp through the general one too
     Case c = v[i];
-    if (c.tokens < 2 || c.tokens > 8 || c.ctas > 1) continue;
+    if (c.tokens < 2 || c.tokens > 16 || c.ctas > 1) continue;
     c.name += "_general";
     c.general = true;
     v.push_back(c);
@@ -579,6 +581,23 @@ std::vector<Case> cases() {
   add({"no_replay_b256", make_routing_config(M::softmax_topk, 512, 10), 2000, 256});
   v.back().replay = false;
   add({"single_cta_edge_t16", make_routing_config(M::topk_softmax, 96, 5, 1, false), 16, 4});
+  // One CTA at 9-16 tokens (the token-mask instance): every token on one expert, ties with a shared slot.
+  {
+    Case c{"one_cta_t16_hot", make_routing_config(M::softmax_topk, 64, 6), 16, 16};
+    c.dist = Dist::hot;
+    add(c);
+  }
+  {
+    Case c{"one_cta_t13_shared_ties_b3", make_routing_config(M::topk_softmax, 96, 5, 1, true), 13, 3};
+    c.dist = Dist::ties;
+    add(c);
+  }
+  {
+    Case c{"one_cta_t11_dsv3_bf16", make_routing_config(M::sigmoid_grouped, 256, 8, 0, true, 8, 4, 2.5f), 11, 64,
+           DType::bf16};
+    c.bias = true;
+    add(c);
+  }
   add({"first_grid_t17", make_routing_config(M::topk_softmax, 96, 5, 1, false), 17, 4});
   for (Dist d : {Dist::tied_32, Dist::tied_33}) {
     Case c{d == Dist::tied_32 ? "tied_32_e256_k8" : "tied_33_e256_k8", make_routing_config(M::softmax_topk, 256, 8),
@@ -685,16 +704,20 @@ TEST_F(GpuRoute, MatchesReference) {
   const bool quick = std::getenv("MOEKIT_TEST_QUICK") != nullptr;
   std::printf("[ seed     ] MOEKIT_TEST_SEED=%llu%s\n", static_cast<unsigned long long>(seed),
               quick ? " (quick)" : "");
-  int pairs_default = 0, pairs_forced = 0;
+  int pairs_default = 0, pairs_forced = 0, token_masks = 0;
   for (const Case& c : cases()) {
     const uint64_t s = seed++;
     if (quick && c.tokens > 2048) continue;
-    pairs_default += check_case(c, s) ? 1 : 0;
+    bool masks = false;
+    pairs_default += check_case(c, s, detail::RoutePairs::heuristic, &masks) ? 1 : 0;
+    token_masks += masks ? 1 : 0;
     if (!c.general)  // again with two tokens per warp wherever the router has that instance
       pairs_forced += check_case(c, s, detail::RoutePairs::always) ? 1 : 0;
   }
   std::printf("[ pairs    ] %d cases routed two tokens per warp by the heuristic, %d when forced\n", pairs_default,
               pairs_forced);
+  std::printf("[ masks    ] %d cases took the token-mask instance\n", token_masks);
+  EXPECT_GE(token_masks, 4) << "the cases of 9-16 tokens above 32 slots should take the token-mask instance";
   if (!quick) EXPECT_GE(pairs_default, 3) << "the large-T cases of at most 256 experts should route two per warp";
   EXPECT_GE(pairs_forced, 40) << "most cases of at most 256 experts and 16 slots should take the forced instance";
 }

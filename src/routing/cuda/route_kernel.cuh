@@ -14,7 +14,9 @@
 // non-empty segments, without histograms or a block scan; one token's plan (one_token_plan()) is a single pass of
 // every thread over its K experts. Up to 8 tokens (the decode instances) the warps without tokens build that plan, or
 // count the histograms of a larger one, as soon as the routing warps have selected their experts (a named barrier),
-// while the routing warps compute the weights. The grid barrier's arrival count only grows (mod 2^32), and an epoch
+// while the routing warps compute the weights. The other calls of one CTA and one token per warp (9-16 tokens, the
+// token_masks instance) keep a token mask per expert instead of the histograms (bit t: token t selected it): its
+// popcount is the expert's count, and the popcount of its bits below t token t's rank in the expert. The grid barrier's arrival count only grows (mod 2^32), and an epoch
 // word says where this call's arrivals start and the call's parity; the totals are double-buffered by that parity
 // (the buffer of the next call is zeroed during this one), so graph replays need no re-initialization. Cross-CTA data
 // is read with ld.cg (L2).
@@ -335,20 +337,20 @@ __device__ __forceinline__ void tiny_plan(const RouteParams& p, Routed routed, T
   trace_point_by(p, 7, c == 0);
 }
 
-/// Calls of at most kDecodeTokens tokens on one CTA take a decode instance (kHandOff != HandOff::none): warp t routes
-/// token t and writes its slots while the warps without tokens (the crew), as soon as every routing warp has
-/// selected its experts (a named barrier), build the plan (T * Kt <= 32: HandOff::plan) or count the histograms
-/// (phase B's first step: HandOff::counts). That leaves the token loop of the general instances free of the
-/// hand-off; the general instances handle these calls as well. A crew of 8 warps or more: with 15 tokens (E = 8,
+/// Calls of at most kDecodeTokens tokens on one CTA take a decode instance (decode_plan, decode_counts): warp t
+/// routes token t and writes its slots while the warps without tokens (the crew), as soon as every routing warp has
+/// selected its experts (a named barrier), build the plan (T * Kt <= 32: decode_plan) or count the histograms (phase
+/// B's first step: decode_counts). That leaves the token loop of the general instances free of the hand-off; the
+/// general instances handle these calls as well. A crew of 8 warps or more: with 15 tokens (E = 8,
 /// K = 2) a one-warp crew made the call 1.11x slower than the general instance.
 inline constexpr int kDecodeTokens = 8;
 inline constexpr int kCrewBarrier = 2;  // the crew's own barrier (0: __syncthreads(), 1: kSelectedBarrier)
 /// LPT: the lanes of a token team (route_token.cuh's Team): 32, or 16 for two tokens per warp (general instances
 /// only). A team is the unit of the token ranges, histograms and selection scratch below.
-template <class In, int NC, bool kSigmoid, HandOff kHandOff, int LPT = 32>
+template <class In, int NC, bool kSigmoid, Instance kInstance, int LPT = 32>
 __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
     route_fused_kernel(const __grid_constant__ RouteParams p) {
-  static_assert(LPT == 32 || kHandOff == HandOff::none);
+  static_assert(LPT == 32 || kInstance == Instance::general);
   constexpr int kTeams = kThreads / LPT;
   extern __shared__ __align__(16) unsigned char smem[];
   trace_point(p, 0);
@@ -366,6 +368,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
   int* offs_s = reinterpret_cast<int*>(smem + L.offsets);         // [G+1]
   int* base_s = reinterpret_cast<int*>(smem + L.base);            // [E]
   uint32_t* info_s = reinterpret_cast<uint32_t*>(smem + L.info);  // [tokens_per_cta, K] when info_words > 0
+  uint32_t* masks = reinterpret_cast<uint32_t*>(base_s);           // [E] token masks (token_masks: base_s unused)
   uint32_t* wscratch = reinterpret_cast<uint32_t*>(smem + L.scratch) + warp * L.warp_words;
   const WarpScratch ws{wscratch, wscratch + e_pad};
 
@@ -385,7 +388,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
   // tokens per warp dsv3 T = 16384 0.957x; the decode counts instance, E = 512 K = 10 T = 6 / 8 0.977 / 0.967x);
   // the decode plan instance (T * Kt <= 32) loads the row first (with the bias first dsv3 T = 1, the one cell at
   // the 4 us goal, took 1.016x).
-  if constexpr (kHandOff != HandOff::plan) load_bias();
+  if constexpr (kInstance != Instance::decode_plan) load_bias();
   const int cta_t0 = blockIdx.x * p.tokens_per_cta;
   const int cta_t1 = min(cta_t0 + p.tokens_per_cta, T);
   const int t0 = min(cta_t0 + team * p.tokens_per_team, cta_t1);
@@ -406,26 +409,29 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
   const int busy_warps = LPT == 32 ? active_teams : (active_teams + 1) / 2;
   const int prefill_warp0 = busy_warps < kWarps ? busy_warps : 0;
   if (prefill_warp0 == 0) prefill_plan(p, T * Kt, 0);
-  if (!p.tiny)  // a tiny plan ranks without histograms
+  if constexpr (kInstance == Instance::token_masks) {
+    for (int e = tid; e < E; e += kThreads) masks[e] = 0;
+  } else if (!p.tiny) {  // a tiny plan ranks without histograms
     for (int i = tid; i < active_teams * e_pad / 2; i += kThreads) reinterpret_cast<uint32_t*>(hist)[i] = 0;
-  if constexpr (kHandOff == HandOff::plan) load_bias();
+  }
+  if constexpr (kInstance == Instance::decode_plan) load_bias();
   __syncthreads();
   trace_point(p, 1);
   if (prefill_warp0 > 0 && warp >= prefill_warp0) prefill_plan(p, T * Kt, prefill_warp0);
 
   // A. Route this warp's tokens, loading the next row while the current one is selected. The decode instance: warp t
   // routes token t and writes its slots, the crew builds the plan from the routing warps' `sel`.
-  if constexpr (kHandOff != HandOff::none) {
+  if constexpr (kInstance == Instance::decode_plan || kInstance == Instance::decode_counts) {
     if (warp < T) {
-      const uint32_t info =
-          route_token<In, NC, kSigmoid, kHandOff>(p, warp, row, -1, lane, bias_s, hist + warp * e_pad, ws, sel, cand);
-      if constexpr (kHandOff == HandOff::counts)
+      const uint32_t info = route_token<In, NC, kSigmoid, kInstance>(p, warp, row, -1, lane, bias_s,
+                                                                     hist + warp * e_pad, masks, ws, sel, cand);
+      if constexpr (kInstance == Instance::decode_counts)
         if (lane < K) info_s[warp * K + lane] = info;
     } else {
       wait_selected();  // every routing warp's selection is in its `sel` (and, for counts, its histogram)
       const int c = tid - T * 32, n = kThreads - T * 32;
       trace_point_by(p, 2, c == 0);
-      if constexpr (kHandOff == HandOff::counts) {  // the general code's nb == 1 counts, into cnt_s
+      if constexpr (kInstance == Instance::decode_counts) {  // the general code's nb == 1 counts, into cnt_s
         for (int g = c; g < G; g += n) {
           if (g < E) base_s[g] = 0;
           cnt_s[g] = g < E ? warp_prefixes<kTeams>(hist, g, e_pad, T) : T;
@@ -446,13 +452,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
         }
       }
     }
-    if constexpr (kHandOff == HandOff::plan) return;
+    if constexpr (kInstance == Instance::decode_plan) return;
   } else {
     uint16_t* my_hist = hist + team * e_pad;
     const uint32_t team_mask = Team<LPT>(lane).mask;
     for (int t = t0; t < t1; ++t) {
-      const uint32_t info = route_token<In, NC, kSigmoid, HandOff::none, LPT>(p, t, row, t + 1 < t1 ? t + 1 : -1,
-                                                                              lane, bias_s, my_hist, ws, sel, cand);
+      const uint32_t info = route_token<In, NC, kSigmoid, kInstance, LPT>(p, t, row, t + 1 < t1 ? t + 1 : -1, lane,
+                                                                          bias_s, my_hist, masks, ws, sel, cand);
       if (tl < K) {
         if (p.info_words > 0)
           info_s[(t - cta_t0) * K + tl] = info;
@@ -463,7 +469,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
     }
   }
   __syncthreads();
-  if constexpr (kHandOff == HandOff::none) {
+  if constexpr (kInstance == Instance::general || kInstance == Instance::token_masks) {
     trace_point(p, 2);
     if (p.tiny) {
       // The histogram and bias rows (offset 0, >= 16 * 8 * 2 + 256 * 4 bytes) are free after phase A: the segment
@@ -482,7 +488,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
 
   // B. Counts: group g's count goes to the thread that owns it in the scan (kGroupsPerThread consecutive groups
   // per thread). One CTA: that thread also turns the per-warp histograms of its experts into per-warp exclusive
-  // prefixes. Several CTAs: per-warp prefixes and the CTA's totals, published as the CTA's row and added to the
+  // prefixes (token_masks: the popcount of the expert's token mask). Several CTAs: per-warp prefixes and the CTA's totals, published as the CTA's row and added to the
   // expert totals; -- grid barrier --; totals and the sums of earlier CTAs' rows are read back.
   int cnt[kGroupsPerThread];
   const int g0 = tid * kGroupsPerThread;
@@ -490,8 +496,10 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
 #pragma unroll
     for (int i = 0; i < kGroupsPerThread; ++i) {
       const int g = g0 + i;
-      if constexpr (kHandOff == HandOff::counts) {  // the crew counted
+      if constexpr (kInstance == Instance::decode_counts) {  // the crew counted
         cnt[i] = g < G ? cnt_s[g] : 0;
+      } else if constexpr (kInstance == Instance::token_masks) {
+        cnt[i] = g < E ? __popc(masks[g]) : (g < G ? T : 0);
       } else {
         if (g < E) base_s[g] = 0;
         cnt[i] = g < E ? warp_prefixes<kTeams>(hist, g, e_pad, active_teams) : (g < G ? T : 0);
@@ -538,7 +546,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
     if (g < G) {
       cnt_s[g] = cnt[i];
       offs_s[g] = off[i];
-      if (g < E) base_s[g] += off[i];
+      if (kInstance != Instance::token_masks && g < E) base_s[g] += off[i];
       if (blockIdx.x == 0) {
         p.expert_counts[g] = cnt[i];
         p.expert_offsets[g] = off[i];
@@ -563,8 +571,12 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
     if (k < K) {
       const uint32_t packed = p.info_words > 0 ? info_s[(t - cta_t0) * K + k] : static_cast<uint32_t>(p.slot_rows[s]);
       const int e = static_cast<int>(packed >> 16);
-      const int w = plan_div(p, t - cta_t0, p.tokens_per_team, p.team_tokens_magic);
-      row_id = base_s[e] + hist[w * e_pad + e] + static_cast<int>(packed & 0xffffu);
+      if constexpr (kInstance == Instance::token_masks) {  // one CTA: t < kWarps
+        row_id = offs_s[e] + __popc(masks[e] & ((1u << t) - 1u));
+      } else {
+        const int w = plan_div(p, t - cta_t0, p.tokens_per_team, p.team_tokens_magic);
+        row_id = base_s[e] + hist[w * e_pad + e] + static_cast<int>(packed & 0xffffu);
+      }
     } else {
       row_id = offs_s[E + k - K] + t;
     }

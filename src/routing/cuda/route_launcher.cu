@@ -33,12 +33,13 @@ struct KernelEntry {
   KernelFn fn;
   KernelFn decode_plan;    // calls of at most router::kDecodeTokens tokens and 32 slots
   KernelFn decode_counts;  // other calls of at most router::kDecodeTokens tokens on one CTA
+  KernelFn token_masks;    // other calls of one CTA and one token per warp
   KernelFn pairs;          // two tokens per warp (teams of 16 lanes, twice the chunks), or null
 };
 
 template <class In, int NC, bool kSigmoid>
 constexpr KernelEntry entry(DType dtype) {
-  using router::HandOff;
+  using router::Instance;
   // Two tokens per warp where a lane then holds at most 16 values: the chunks double, so the registers of the
   // instances with 16 values per lane (seed6's E = 512) suffice. With 32 values per lane (E = 512 with 16-lane teams)
   // the instances compile without spills (96-121 registers), but they select by K rounds of argmax (the threshold
@@ -46,13 +47,14 @@ constexpr KernelEntry entry(DType dtype) {
   // "Twenty-third session").
   KernelFn pairs = nullptr;
   if constexpr (router::kValuesPerLane<In, NC> <= 8)
-    pairs = router::route_fused_kernel<In, 2 * NC, kSigmoid, HandOff::none, kPairLanes>;
+    pairs = router::route_fused_kernel<In, 2 * NC, kSigmoid, Instance::general, kPairLanes>;
   return {dtype,
           NC,
           kSigmoid,
-          router::route_fused_kernel<In, NC, kSigmoid, HandOff::none>,
-          router::route_fused_kernel<In, NC, kSigmoid, HandOff::plan>,
-          router::route_fused_kernel<In, NC, kSigmoid, HandOff::counts>,
+          router::route_fused_kernel<In, NC, kSigmoid, Instance::general>,
+          router::route_fused_kernel<In, NC, kSigmoid, Instance::decode_plan>,
+          router::route_fused_kernel<In, NC, kSigmoid, Instance::decode_counts>,
+          router::route_fused_kernel<In, NC, kSigmoid, Instance::token_masks>,
           pairs};
 }
 
@@ -107,6 +109,7 @@ GridLimits grid_limits(const KernelEntry& k, KernelFn fn, int smem_bytes, int de
     const std::pair<KernelFn, int> instances[] = {{k.fn, router::kWarps},
                                                   {k.decode_plan, router::kWarps},
                                                   {k.decode_counts, router::kWarps},
+                                                  {k.token_masks, router::kWarps},
                                                   {k.pairs, router::kThreads / kPairLanes}};
     for (const auto& [f, teams] : instances)
       if (f != nullptr)
@@ -140,6 +143,7 @@ RouteCudaTuning g_tuning;
 int g_last_ctas = 0;
 bool g_last_tiny_plan = false;
 bool g_last_pairs = false;
+bool g_last_token_masks = false;
 
 }  // namespace
 
@@ -167,6 +171,9 @@ bool route_cuda_last_tiny_plan() {
 }
 bool route_cuda_last_pairs() {
   return g_last_pairs;
+}
+bool route_cuda_last_token_masks() {
+  return g_last_token_masks;
 }
 bool route_cuda_pairs_pay(bool sigmoid_grouped, int64_t tokens, int ctas, int sms) {
   if (ctas < 1) return false;
@@ -301,13 +308,21 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   config.attrs = &attr;
   config.numAttrs = ctas > 1 ? 1 : 0;
   KernelFn fn = pairs ? kernel.pairs : kernel.fn;
-  if (!pairs && ctas == 1 && T <= router::kDecodeTokens && g_tuning.decode_instance)
-    fn = p.tiny ? kernel.decode_plan : kernel.decode_counts;
+  // One CTA and one token per warp: the decode instances up to 8 tokens, the token-mask instance above (H200,
+  // forty-first session, kernel us, cold L2, against the general instance: T = 9-16 0.879-0.912x on E = 128-512,
+  // 0.958x on E = 1024 K = 32; the other instances' code is unchanged).
+  if (!pairs && ctas == 1 && T <= router::kWarps && g_tuning.decode_instance) {
+    if (T <= router::kDecodeTokens)
+      fn = p.tiny ? kernel.decode_plan : kernel.decode_counts;
+    else if (!p.tiny)
+      fn = kernel.token_masks;
+  }
   check(cudaLaunchKernelEx(&config, fn, p), "launch of route_fused_kernel");
   check(cudaGetLastError(), "route_fused_kernel");
   g_last_ctas = ctas;
   g_last_tiny_plan = p.tiny != 0;
   g_last_pairs = pairs;
+  g_last_token_masks = fn == kernel.token_masks;
   plan.tokens = T;
 }
 

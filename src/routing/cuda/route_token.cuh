@@ -105,10 +105,13 @@ __device__ __forceinline__ void wait_selected() {
   asm volatile("bar.sync %0, %1;" ::"n"(kSelectedBarrier), "r"(blockDim.x) : "memory");
 }
 
-/// What a routing warp hands to the warps without tokens after its selection (decode calls of one CTA, one token per
-/// warp): nothing (the general instances), its selected experts for the plan (arrive_selected(); T * Kt <= 32), or
-/// its selection counted in its histogram for phase B's counts (wait_selected(), a full barrier of the CTA).
-enum class HandOff { none, plan, counts };
+/// The fused router's kernel instances. The decode instances (calls of one CTA, one token per warp, at most
+/// kDecodeTokens) hand each routing warp's selection to the warps without tokens: its selected experts for the plan
+/// (decode_plan: arrive_selected(); T * Kt <= 32), or its selection counted in its histogram for phase B's counts
+/// (decode_counts: wait_selected(), a full barrier of the CTA). token_masks: the other calls of one CTA and one
+/// token per warp; a routed slot sets its token's bit in its expert's token mask (RouteParams::token_masks) instead
+/// of bumping a histogram. general: every call, with histograms.
+enum class Instance { general, decode_plan, decode_counts, token_masks };
 
 /// Raw bf16 bits, so the device code needs no cuda_bf16 header.
 struct Bf16 {
@@ -491,13 +494,13 @@ __device__ __forceinline__ void limit_groups(const RouteParams& p, uint32_t (&k)
 /// key's order). `sel` is 32 (expert, value) pairs and `cand` 32 candidates of per-warp shared scratch. Writes the
 /// token's ids, weights and replay row; returns (expert << 16 | rank in warp) of slot `lane` (lanes < K; ranks count
 /// earlier tokens of this warp, so the plan is deterministic) and bumps the warp's histogram; a tiny plan (one token
-/// per warp: every rank 0) needs neither. kHandOff: the selection is handed to the warps without tokens before the
-/// weights (HandOff; teams of 32 lanes only).
-template <class In, int NC, bool kSigmoid, HandOff kHandOff, int LPT = 32>
+/// per warp: every rank 0) needs neither, and token_masks sets the slot's bit in `masks` (the CTA's token masks)
+/// instead. kInstance: see Instance (the instances other than general: teams of 32 lanes only).
+template <class In, int NC, bool kSigmoid, Instance kInstance, int LPT = 32>
 __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t, RowRegs<In, NC, LPT>& row,
                                                 int64_t next, int lane, const float* bias_s, uint16_t* hist,
-                                                const WarpScratch& ws, uint2* sel, uint4* cand) {
-  static_assert(LPT == 32 || kHandOff == HandOff::none);
+                                                uint32_t* masks, const WarpScratch& ws, uint2* sel, uint4* cand) {
+  static_assert(LPT == 32 || kInstance == Instance::general);
   constexpr int V = RowRegs<In, NC, LPT>::V;
   constexpr int VPT = NC * V;
   const int E = p.experts, K = p.top_k;
@@ -627,14 +630,14 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
   }
   __syncwarp(tm.mask);
   if constexpr (!kSigmoid && VPT > 16) softmax_stats();
-  if constexpr (kHandOff == HandOff::plan) arrive_selected();  // the others build the plan meanwhile
+  if constexpr (kInstance == Instance::decode_plan) arrive_selected();  // the others build the plan meanwhile
 
   // Weights of the K routed slots (the team's lane r holds slot r).
   const bool routed = l < K;
   const uint2 chosen = routed ? reinterpret_cast<const uint2*>(sel)[l] : make_uint2(0, 0);
   const int expert = static_cast<int>(chosen.x);
   const float raw = __uint_as_float(chosen.y);
-  if constexpr (kHandOff == HandOff::counts) {  // one token per warp: its slots' ranks are 0
+  if constexpr (kInstance == Instance::decode_counts) {  // one token per warp: its slots' ranks are 0
     if (routed) hist[expert] = 1;
     wait_selected();  // the others count the histograms meanwhile
   }
@@ -671,7 +674,9 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
   uint32_t info = 0;
   if (routed) {
     info = static_cast<uint32_t>(expert) << 16;
-    if (!p.tiny && kHandOff != HandOff::counts) {
+    if constexpr (kInstance == Instance::token_masks) {
+      atomicOr(masks + expert, 1u << static_cast<uint32_t>(t));  // t < kWarps
+    } else if (!p.tiny && kInstance != Instance::decode_counts) {
       const uint32_t r = hist[expert];
       hist[expert] = static_cast<uint16_t>(r + 1);
       info |= r;
