@@ -370,9 +370,9 @@ bool check_case(const Case& c, uint64_t seed, detail::RoutePairs pairs = detail:
 }
 
 // Decode calls: every case above again at T = 1, through the decode kernel instance and through the general one, and
-// the cases of 2-16 tokens on one CTA (decode and token-mask instances) through the general one too; then one-token shapes (32 consecutive experts holding every
-// winner, K = 32, E = 1-513, groups of 1-64 experts, each row kind of the nan and special distributions) and calls
-// of 2-9 tokens.
+// the cases of 2-16 tokens on one CTA (decode and token-mask instances) through the general one too; then one-token
+// shapes (32 consecutive experts holding every winner, K = 32, E = 1-513, groups of 1-64 experts, each row kind of
+// the nan and special distributions) and calls of 2-9 tokens.
 void decode_cases(std::vector<Case>& v) {
   using M = RoutingMethod;
   const size_t n = v.size();

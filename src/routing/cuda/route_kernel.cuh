@@ -16,10 +16,10 @@
 // count the histograms of a larger one, as soon as the routing warps have selected their experts (a named barrier),
 // while the routing warps compute the weights. The other calls of one CTA and one token per warp (9-16 tokens, the
 // token_masks instance) keep a token mask per expert instead of the histograms (bit t: token t selected it): its
-// popcount is the expert's count, and the popcount of its bits below t token t's rank in the expert. The grid barrier's arrival count only grows (mod 2^32), and an epoch
-// word says where this call's arrivals start and the call's parity; the totals are double-buffered by that parity
-// (the buffer of the next call is zeroed during this one), so graph replays need no re-initialization. Cross-CTA data
-// is read with ld.cg (L2).
+// popcount is the expert's count, and the popcount of its bits below t token t's rank in the expert. The grid
+// barrier's arrival count only grows (mod 2^32), and an epoch word says where this call's arrivals start and the
+// call's parity; the totals are double-buffered by that parity (the buffer of the next call is zeroed during this
+// one), so graph replays need no re-initialization. Cross-CTA data is read with ld.cg (L2).
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -368,7 +368,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
   int* offs_s = reinterpret_cast<int*>(smem + L.offsets);         // [G+1]
   int* base_s = reinterpret_cast<int*>(smem + L.base);            // [E]
   uint32_t* info_s = reinterpret_cast<uint32_t*>(smem + L.info);  // [tokens_per_cta, K] when info_words > 0
-  uint32_t* masks = reinterpret_cast<uint32_t*>(base_s);           // [E] token masks (token_masks: base_s unused)
+  uint32_t* masks = reinterpret_cast<uint32_t*>(base_s);          // [E] token masks (token_masks: base_s unused)
   uint32_t* wscratch = reinterpret_cast<uint32_t*>(smem + L.scratch) + warp * L.warp_words;
   const WarpScratch ws{wscratch, wscratch + e_pad};
 
@@ -488,8 +488,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
 
   // B. Counts: group g's count goes to the thread that owns it in the scan (kGroupsPerThread consecutive groups
   // per thread). One CTA: that thread also turns the per-warp histograms of its experts into per-warp exclusive
-  // prefixes (token_masks: the popcount of the expert's token mask). Several CTAs: per-warp prefixes and the CTA's totals, published as the CTA's row and added to the
-  // expert totals; -- grid barrier --; totals and the sums of earlier CTAs' rows are read back.
+  // prefixes (token_masks: the popcount of the expert's token mask). Several CTAs: per-warp prefixes and the CTA's
+  // totals, published as the CTA's row and added to the expert totals; -- grid barrier --; totals and the sums of
+  // earlier CTAs' rows are read back.
   int cnt[kGroupsPerThread];
   const int g0 = tid * kGroupsPerThread;
   if (nb == 1) {
