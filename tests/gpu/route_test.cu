@@ -426,9 +426,9 @@ void decode_cases(std::vector<Case>& v) {
     c.dist = Dist::coarse;
     add(c);
   }
-  {
-    Case c{"decode_t2_dsv3_bf16", make_routing_config(M::sigmoid_grouped, 256, 8, 0, true, 8, 4, 2.5f), 2, 64,
-           DType::bf16};
+  for (int64_t tokens : {2, 11}) {  // a decode call, and one of the token-mask instance
+    Case c{(tokens <= 8 ? "decode_t" : "one_cta_t") + std::to_string(tokens) + "_dsv3_bf16",
+           make_routing_config(M::sigmoid_grouped, 256, 8, 0, true, 8, 4, 2.5f), tokens, 64, DType::bf16};
     c.bias = true;
     add(c);
   }
@@ -581,7 +581,8 @@ std::vector<Case> cases() {
   add({"no_replay_b256", make_routing_config(M::softmax_topk, 512, 10), 2000, 256});
   v.back().replay = false;
   add({"single_cta_edge_t16", make_routing_config(M::topk_softmax, 96, 5, 1, false), 16, 4});
-  // One CTA at 9-16 tokens (the token-mask instance): every token on one expert, ties with a shared slot.
+  // One CTA at 9-16 tokens (the token-mask instance; bf16 dsv3 below): every token on one expert, ties with a shared
+  // slot.
   {
     Case c{"one_cta_t16_hot", make_routing_config(M::softmax_topk, 64, 6), 16, 16};
     c.dist = Dist::hot;
@@ -590,12 +591,6 @@ std::vector<Case> cases() {
   {
     Case c{"one_cta_t13_shared_ties_b3", make_routing_config(M::topk_softmax, 96, 5, 1, true), 13, 3};
     c.dist = Dist::ties;
-    add(c);
-  }
-  {
-    Case c{"one_cta_t11_dsv3_bf16", make_routing_config(M::sigmoid_grouped, 256, 8, 0, true, 8, 4, 2.5f), 11, 64,
-           DType::bf16};
-    c.bias = true;
     add(c);
   }
   add({"first_grid_t17", make_routing_config(M::topk_softmax, 96, 5, 1, false), 17, 4});
