@@ -99,6 +99,20 @@ void expect_accepted(const std::string& args, const std::string& on_gpu) {
   }
 }
 
+// --instances: by default a one-CTA call of 12 tokens over 96 slots takes the router's token-mask instance, which the
+// CTAs column names; `general` routes it through the general instance; another value does not parse.
+TEST(Cli, BenchRouteInstances) {
+  const std::string args = "bench route --verify-only --experts 128 --top-k 8 --tokens 12";
+  expect_accepted(args, "| 1, token masks |");
+  CliRun general = run_cli(args + " --instances general");
+  if (general.status == 0) {
+    EXPECT_EQ(general.output.find("token masks"), std::string::npos) << general.output;
+  } else {
+    EXPECT_NE(general.output.find("a CUDA device (none found) is needed"), std::string::npos) << general.output;
+  }
+  EXPECT_EQ(run_cli(args + " --instances decode").status, 2);
+}
+
 // An option of the plain benchmark only: `PREFIX --tuned ARGS` (PREFIX: "bench moe --preset NAME") is refused as a
 // conflict, and `bench moe --help` lists `flag`.
 void expect_plain_only(const std::string& prefix, const std::string& args, const std::string& flag) {

@@ -155,6 +155,9 @@ struct RouteBenchOptions {
   std::vector<int> ctas;  // grid sizes to time (0 = the router's own choice); empty = {0}
   int pairs = 0;          // two tokens per warp: 0 = the router's choice, -1 = never, 1 = wherever it can
   bool phases = false;    // also time the kernel's phases (cold L2, in-kernel timestamps; RouteResult::phases)
+  /// Every call through the router's general kernel instance (no decode or token-mask instance): an A/B against
+  /// those instances in one process.
+  bool general_instance = false;
 };
 
 /// Where one router call spends its time, from timestamps the kernel takes (%globaltimer) when asked to; medians
@@ -182,6 +185,7 @@ struct RouteResult {
   int ctas_requested = 0, ctas = 0;  // asked (0 = heuristic) and used
   bool tiny_plan = false;            // the plan was built in one step (one CTA, T * Kt <= 32)
   bool pairs = false;                // a warp routed two tokens at once
+  bool token_masks = false;          // the token-mask instance ran (one CTA, 9-16 tokens, more than 32 slots)
   bool verified = false;
   std::string mismatch;  // first difference from the reference, empty when verified
   Stats kernel, graph;

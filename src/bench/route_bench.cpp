@@ -56,7 +56,8 @@ std::string route_markdown(const std::vector<RouteResult>& results, const Ceilin
         "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {:.2f} | {:.0f} | {} |\n", r.c.fixture,
         routing_method_name(r.c.cfg.method), r.c.cfg.num_experts, r.c.cfg.top_k, r.c.tokens, r.c.block,
         dtype_name(r.c.dtype),
-        fmt::format("{}{}{}", r.ctas, r.ctas_requested ? " (forced)" : "", r.pairs ? ", 2 tokens/warp" : ""),
+        fmt::format("{}{}{}{}", r.ctas, r.ctas_requested ? " (forced)" : "", r.pairs ? ", 2 tokens/warp" : "",
+                    r.token_masks ? ", token masks" : ""),
         r.kernels_per_call,
         timed ? fmt::format("**{:.2f}** ({:.2f}-{:.2f})", r.kernel.median_us, r.kernel.p10_us, r.kernel.p90_us)
               : std::string("-"),
@@ -124,6 +125,7 @@ std::string route_json(const std::vector<RouteResult>& results, const Ceilings& 
                             {"ctas_requested", r.ctas_requested},
                             {"ctas", r.ctas},
                             {"pairs", r.pairs},
+                            {"token_masks", r.token_masks},
                             {"tiny_plan", r.tiny_plan},
                             {"verified", r.verified},
                             {"mismatch", r.mismatch},
@@ -233,16 +235,16 @@ std::string compare(const RouteCase& c, const RoutePlanView& gpu, const RoutePla
 }
 
 // Median phase times of one case from `samples` cold-L2 calls, each writing its own trace slice.
-RoutePhases trace_phases(Harness& harness, const LaunchFn& call, int variants, const TimingOptions& timing, int grid,
-                         detail::RoutePairs pairs) {
+RoutePhases trace_phases(Harness& harness, const LaunchFn& call, int variants, const TimingOptions& timing,
+                         detail::RouteCudaTuning tuning) {
   const int samples = std::max(1, timing.samples);
   const int64_t words = detail::route_cuda_trace_words();
   DeviceBuffer buf(static_cast<size_t>(samples * words) * 8);
   check(cudaMemset(buf.data(), 0, static_cast<size_t>(samples * words) * 8), "cudaMemset(trace)");
   int64_t n = 0;
   const LaunchFn traced = [&](int v, Stream s) {
-    detail::set_route_cuda_tuning(
-        {.ctas = grid, .trace = static_cast<uint64_t*>(buf.data()) + (n++ % samples) * words, .pairs = pairs});
+    tuning.trace = static_cast<uint64_t*>(buf.data()) + (n++ % samples) * words;
+    detail::set_route_cuda_tuning(tuning);
     call(v, s);
   };
   TimingOptions t = timing;
@@ -327,12 +329,14 @@ std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCa
       r.logits_bytes = static_cast<double>(elems * esz);
       r.floor_us = ceilings.copy_bytes_per_s > 0 ? r.logits_bytes / ceilings.copy_bytes_per_s * 1e6 : 0;
       r.goal_us = T <= 1024 ? 4.0 : 20.0;
-      detail::set_route_cuda_tuning({.ctas = grid, .pairs = pairs});
+      const detail::RouteCudaTuning tuning{.ctas = grid, .decode_instance = !opt.general_instance, .pairs = pairs};
+      detail::set_route_cuda_tuning(tuning);
       r.mismatch = verify();
       r.verified = r.mismatch.empty();
       r.ctas = detail::route_cuda_last_ctas();
       r.tiny_plan = detail::route_cuda_last_tiny_plan();
       r.pairs = detail::route_cuda_last_pairs();
+      r.token_masks = detail::route_cuda_last_token_masks();
       const LaunchFn call = [&](int v, Stream s) {
         route(c.cfg, TensorView::contiguous(logits[static_cast<size_t>(v)]->data(), c.dtype, {T, E}, Device::cuda()),
               bias_dev, plan, s, replay_dev);
@@ -342,7 +346,7 @@ std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCa
         r.kernels_per_call = harness.kernels_per_call();
         r.timing_source = harness.kernel_time_source();
         r.graph = harness.graph_time(call, variants, opt.timing);
-        if (opt.phases) r.phases = trace_phases(harness, call, variants, opt.timing, grid, pairs);
+        if (opt.phases) r.phases = trace_phases(harness, call, variants, opt.timing, tuning);
       }
       detail::set_route_cuda_tuning({});
       out.push_back(std::move(r));

@@ -24,7 +24,7 @@ struct BenchRouteArgs {
   int samples = 100;
   uint64_t seed = 1;
   std::vector<int> ctas;
-  std::string pairs = "auto";
+  std::string pairs = "auto", instances = "auto";
 };
 
 void run(const BenchRouteArgs& a) {
@@ -60,6 +60,7 @@ void run(const BenchRouteArgs& a) {
   opt.timing.samples = a.samples;
   opt.ctas = a.ctas;
   opt.pairs = a.pairs == "never" ? -1 : a.pairs == "always" ? 1 : 0;
+  opt.general_instance = a.instances == "general";
   opt.phases = a.phases;
   opt.timing.flush_l2 = !a.warm;
   const std::vector<bench::RouteResult> results = bench::bench_route(harness, cases, opt, ceilings);
@@ -90,6 +91,9 @@ void add_bench_route_command(CLI::App& bench) {
   cmd->add_option("--ctas", args->ctas, "grid sizes to time (0 = the router's choice); default: 0")->delimiter(',');
   cmd->add_option("--pairs", args->pairs, "two tokens per warp: auto (the router's choice), never or always")
       ->check(CLI::IsMember({"auto", "never", "always"}));
+  cmd->add_option("--instances", args->instances,
+                  "kernel instances: auto (the router's choice) or general (no decode or token-mask instance)")
+      ->check(CLI::IsMember({"auto", "general"}));
   cmd->add_option("--samples", args->samples, "timed samples per case (>= 100 for the medians we report)");
   cmd->add_option("--seed", args->seed, "seed of the random logits");
   cmd->add_option("--json", args->json, "also write the results as JSON to this path");
