@@ -4,12 +4,14 @@
 # the table below gives per case the medians over rounds of each binary's kernel time (cold L2, CUPTI) and graph
 # replay time, and the ratio to A.
 #   scripts/ab-route.sh "BIN_A BIN_B [BIN_C ...]" OUT_DIR [ROUNDS] [FIXTURES]
+#   A side may add `bench route` arguments after a colon, commas for spaces: the same binary twice, e.g.
+#     "build/tools/moekit:--instances,general build/tools/moekit" (the general instance against the default ones).
 #   CASES: custom cases, ';'-separated `bench route` arguments, e.g.
 #     CASES="--experts 128 --top-k 8 --method topk_softmax --block 64 --tokens 1,16" scripts/ab-route.sh ...
 #   e.g. scripts/ab-route.sh "build-old/tools/moekit build/tools/moekit" /tmp/ab 2 "seed6 dsv3"
 set -uo pipefail
 if [[ $# -lt 2 ]]; then
-  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 read -r -a bins <<<"$1"
@@ -18,9 +20,11 @@ IFS=';' read -r -a cases <<<"${CASES:-}"
 mkdir -p "$out"
 failed=0
 run() {  # side name args...
-  local side="$1" name="$2" bin="${bins[$1]}"
+  local side="$1" name="$2" spec="${bins[$1]}" extra=()
+  local bin="${spec%%:*}"
+  [[ "$spec" == *:* ]] && IFS=',' read -r -a extra <<<"${spec#*:}"
   shift 2
-  if ! "$bin" bench route "$@" --json "$out/${side}_${name}.json" >"$out/${side}_${name}.log" 2>&1; then
+  if ! "$bin" bench route "$@" "${extra[@]}" --json "$out/${side}_${name}.json" >"$out/${side}_${name}.log" 2>&1; then
     echo "FAILED: binary $side $name ($out/${side}_${name}.log)"
     failed=1
   fi
