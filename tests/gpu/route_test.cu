@@ -426,11 +426,16 @@ void decode_cases(std::vector<Case>& v) {
     c.dist = Dist::coarse;
     add(c);
   }
-  for (int64_t tokens : {2, 11}) {  // a decode call, and one of the token-mask instance
+  for (int64_t tokens : {2, 11}) {  // a decode call, and one of the token-mask instance (also through the general one)
     Case c{(tokens <= 8 ? "decode_t" : "one_cta_t") + std::to_string(tokens) + "_dsv3_bf16",
            make_routing_config(M::sigmoid_grouped, 256, 8, 0, true, 8, 4, 2.5f), tokens, 64, DType::bf16};
     c.bias = true;
     add(c);
+    if (tokens > 8) {
+      c.name += "_general";
+      c.general = true;
+      add(c);
+    }
   }
   add({"t1_pre_scored_b1", make_routing_config(M::pre_scored, 96, 5, 0, true), 1, 1});
   add({"t1_llama4", make_routing_config(M::llama4, 128, 1, 1), 1, 4});
