@@ -426,7 +426,8 @@ void decode_cases(std::vector<Case>& v) {
     c.dist = Dist::coarse;
     add(c);
   }
-  for (int64_t tokens : {2, 11}) {  // a decode call, and one of the token-mask instance (also through the general one)
+  // A decode call, and one of the token-mask instance (also through the general one).
+  for (int64_t tokens : {2, 11}) {
     Case c{(tokens <= 8 ? "decode_t" : "one_cta_t") + std::to_string(tokens) + "_dsv3_bf16",
            make_routing_config(M::sigmoid_grouped, 256, 8, 0, true, 8, 4, 2.5f), tokens, 64, DType::bf16};
     c.bias = true;
