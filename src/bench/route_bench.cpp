@@ -329,7 +329,7 @@ std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCa
       r.logits_bytes = static_cast<double>(elems * esz);
       r.floor_us = ceilings.copy_bytes_per_s > 0 ? r.logits_bytes / ceilings.copy_bytes_per_s * 1e6 : 0;
       r.goal_us = T <= 1024 ? 4.0 : 20.0;
-      const detail::RouteCudaTuning tuning{.ctas = grid, .decode_instance = !opt.general_instance, .pairs = pairs};
+      const detail::RouteCudaTuning tuning{.ctas = grid, .general_only = opt.general_instance, .pairs = pairs};
       detail::set_route_cuda_tuning(tuning);
       r.mismatch = verify();
       r.verified = r.mismatch.empty();

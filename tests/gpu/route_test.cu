@@ -347,7 +347,7 @@ bool check_case(const Case& c, uint64_t seed, detail::RoutePairs pairs = detail:
 
   RoutePlan plan(shape, Device::cuda());
   poison_plan(plan.view());
-  detail::set_route_cuda_tuning({.ctas = c.ctas, .decode_instance = !c.general, .pairs = pairs});
+  detail::set_route_cuda_tuning({.ctas = c.ctas, .general_only = c.general, .pairs = pairs});
   route(c.cfg, logits_view(d_logits.data(), c, T, in.stride, Device::cuda()), dev_bias, plan, nullptr, dev_replay);
   detail::set_route_cuda_tuning({});
   const bool used_pairs = T > 0 && detail::route_cuda_last_pairs();

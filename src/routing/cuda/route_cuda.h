@@ -47,9 +47,9 @@ struct RouteCudaTuning {
   /// too, the plan's steps as above (with one token, 3-5 coincide, 6 follows counts and offsets, 7 the slots' rows
   /// and blocks); the routing warps' weights and slots, meanwhile, are not stamped.
   uint64_t* trace = nullptr;
-  /// false: calls of one CTA and at most 16 tokens take the general kernel instance instead of a decode instance
-  /// (at most 8 tokens) or the token-mask instance (tests).
-  bool decode_instance = true;
+  /// true: calls of one CTA and at most 16 tokens take the general kernel instance instead of a decode instance (at
+  /// most 8 tokens) or the token-mask instance (tests, `bench route --instances general`).
+  bool general_only = false;
   /// Two tokens per warp (RoutePairs). Possible for logits of at most 256 experts, at most 16 slots per token and,
   /// with group limiting, groups of whole lanes (1-16 lanes) and at most 16 groups; elsewhere ignored.
   RoutePairs pairs = RoutePairs::heuristic;

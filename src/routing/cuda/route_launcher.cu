@@ -311,7 +311,7 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   // One CTA and one token per warp: the decode instances up to 8 tokens, the token-mask instance above (H200,
   // forty-first session, kernel us, cold L2, against the general instance: T = 9-16 0.879-0.912x on E = 128-512,
   // 0.958x on E = 1024 K = 32; the other instances' code is unchanged).
-  if (!pairs && ctas == 1 && T <= router::kWarps && g_tuning.decode_instance) {
+  if (!pairs && ctas == 1 && T <= router::kWarps && !g_tuning.general_only) {
     if (T <= router::kDecodeTokens)
       fn = p.tiny ? kernel.decode_plan : kernel.decode_counts;
     else if (!p.tiny)

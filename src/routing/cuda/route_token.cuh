@@ -109,8 +109,8 @@ __device__ __forceinline__ void wait_selected() {
 /// kDecodeTokens) hand each routing warp's selection to the warps without tokens: its selected experts for the plan
 /// (decode_plan: arrive_selected(); T * Kt <= 32), or its selection counted in its histogram for phase B's counts
 /// (decode_counts: wait_selected(), a full barrier of the CTA). token_masks: the other calls of one CTA and one
-/// token per warp; a routed slot sets its token's bit in its expert's token mask (RouteParams::token_masks) instead
-/// of bumping a histogram. general: every call, with histograms.
+/// token per warp; a routed slot sets its token's bit in its expert's token mask (a shared [E] array, bit t for token
+/// t) instead of bumping a histogram. general: every call, with histograms.
 enum class Instance { general, decode_plan, decode_counts, token_masks };
 
 /// Raw bf16 bits, so the device code needs no cuda_bf16 header.
