@@ -9,6 +9,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 deps="${MOEKIT_DEPS_DIR:-$root/.deps}"
 cmake_version="3.31.6"    # pinned: Debian 12's CMake 3.25 lacks nvcc's C++20 dialect flag
 cutlass_version="4.2.0.0"  # pinned: nvidia-cutlass on PyPI ships the CUTLASS/CuTe C++ headers
+sass_tools_version="13.5.37"  # pinned: nvidia-cuda-cuobjdump / -nvdisasm on PyPI (the SASS check, where nvcc lacks them)
 apt_packages=(cmake ninja-build g++ python3-pip nlohmann-json3-dev libfmt-dev libcli11-dev googletest)
 
 missing=()
@@ -55,5 +56,30 @@ PY
   echo "$cutlass_version" >"$stamp"
   rm -rf "$tmp"
   echo "setup: CUTLASS $cutlass_version headers in $deps/cutlass/include"
+fi
+# cuobjdump and the nvdisasm it runs, for the SASS check (tests/CMakeLists.txt), where nvcc is installed without
+# them: NVIDIA's PyPI wheels.
+nvcc_path="$(command -v nvcc || true)"
+if [[ -n "$nvcc_path" && ! -x "$(dirname "$nvcc_path")/cuobjdump" ]]; then
+  for tool in cuobjdump nvdisasm; do
+    stamp="$deps/bin/$tool.version"
+    if [[ -x "$deps/bin/$tool" && "$(cat "$stamp" 2>/dev/null)" == "$sass_tools_version" ]]; then continue; fi
+    tmp="$(mktemp -d)"
+    python3 -m pip download -q --no-deps "nvidia-cuda-$tool==$sass_tools_version" -d "$tmp"
+    python3 - "$tmp" "$deps/bin" "$tool" <<'PY'
+import glob, os, sys, zipfile
+tmp, out, tool = sys.argv[1:4]
+whl = glob.glob(f"{tmp}/nvidia_cuda_{tool}-*.whl")[0]
+with zipfile.ZipFile(whl) as z:
+    name = next(n for n in z.namelist() if n.endswith(f"/bin/{tool}"))
+    os.makedirs(out, exist_ok=True)
+    with z.open(name) as src, open(f"{out}/{tool}", "wb") as dst:
+        dst.write(src.read())
+os.chmod(f"{out}/{tool}", 0o755)
+PY
+    echo "$sass_tools_version" >"$stamp"
+    rm -rf "$tmp"
+    echo "setup: $tool $sass_tools_version in $deps/bin"
+  done
 fi
 echo "setup: dependencies ready in $deps"
