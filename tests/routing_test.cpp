@@ -457,6 +457,9 @@ TEST(RoutingValidate, MethodNames) {
   EXPECT_EQ(error_of([] { parse_routing_method("softmax"); }),
             "moekit::route: unknown routing method 'softmax' (expected one of: softmax_topk, topk_softmax, "
             "sigmoid_grouped, llama4, pre_scored)");
+  // A method value outside the enum (an engine's integer cast in) is rejected, not routed with unset weights.
+  RoutingConfig cfg = make_routing_config(static_cast<RoutingMethod>(7), 8, 2);
+  EXPECT_EQ(error_of([&] { cfg.validate(); }), "moekit::route: method (7) must be a known routing method");
 }
 
 // Tensors for one call: cfg E = 8, K = 2, logits [4, 8] fp32 on the CPU. The buffers are large enough for every

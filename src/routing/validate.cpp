@@ -92,6 +92,8 @@ void RoutingConfig::validate() const {
   const int e = num_experts;
   const int k = top_k;
   const int s = num_shared_experts;
+  if (routing_method_name(method) == "unknown")
+    fail(fmt::format("method ({}) must be a known routing method", static_cast<int>(method)));
   if (e < 1 || e > kMaxExperts) fail(fmt::format("num_experts ({}) must be in [1, {}]", e, kMaxExperts));
   if (k < 1) fail(fmt::format("top_k ({}) must be >= 1", k));
   if (k > e) fail(fmt::format("top_k ({}) must be <= num_experts ({})", k, e));
