@@ -1,0 +1,282 @@
+// Fuzz target for moekit::route() on the CPU backend: a routing config, the logits, bias and replay views and the
+// plan shape are all decoded from the input bytes, mostly valid, sometimes breaking one rule. Every call must either
+// throw moekit::InvalidArgument naming the operation, or fill a plan with every property of DESIGN §4 (checked here
+// from the ids alone) and the replay rows; an input that the documented rules (include/moekit/routing.h, plan.h)
+// call valid must not be rejected. A violation prints what broke and aborts.
+//
+// Built as a libFuzzer target with clang (-DMOEKIT_BUILD_FUZZERS=ON), and always as the smoke test
+// RouteFuzz.RandomInputs (route_fuzz_test.cpp), which feeds it seeded random inputs under ctest.
+#include "route_fuzz.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "moekit/dtype.h"
+#include "moekit/error.h"
+#include "moekit/plan.h"
+#include "moekit/routing.h"
+#include "moekit/tensor.h"
+
+namespace {
+
+using namespace moekit;
+
+/// Reads the input front to back; past its end every read is 0, so any input decodes to some call.
+class Bytes {
+ public:
+  Bytes(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  uint8_t u8() { return at_ < size_ ? data_[at_++] : 0; }
+  uint32_t u32() {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v = v << 8 | u8();
+    return v;
+  }
+  /// One of `n` choices.
+  int pick(int n) { return u8() % n; }
+  /// True with probability about `percent` / 100 (0 when the input is used up).
+  bool chance(int percent) { return at_ < size_ && u8() % 100 < percent; }
+
+ private:
+  const uint8_t* data_;
+  size_t size_;
+  size_t at_ = 0;
+};
+
+[[noreturn]] void violation(const std::string& what) {
+  std::fprintf(stderr, "route_fuzz: %s\n", what.c_str());
+  std::abort();
+}
+
+void require(bool ok, const std::string& what) {
+  if (!ok) violation(what);
+}
+
+/// Logit values: a palette with ties, signed zeros, infinities, NaN and values at the sigmoid's and exp's edges,
+/// or any 32-bit pattern.
+float logit_value(Bytes& in) {
+  static const float kPalette[] = {0.0f,     -0.0f,     1.0f,   -1.0f,   0.5f,  2.0f,   -2.0f,  88.0f,
+                                   -88.0f,   -69.5f,    100.0f, -100.0f, 1e30f, -1e30f, 1e-40f, -1e-40f,
+                                   INFINITY, -INFINITY, NAN,    3.0f,    -3.0f, 0.25f,  1e-7f,  16.0f};
+  constexpr int kPaletteSize = sizeof(kPalette) / sizeof(kPalette[0]);
+  const int c = in.pick(kPaletteSize + 8);
+  if (c < kPaletteSize) return kPalette[c];
+  const uint32_t bits = in.u32();
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+/// Which sizes a field takes: mostly small and valid, sometimes the limits and just past them.
+int experts_value(Bytes& in) {
+  static const int kChoices[] = {1,  2,  3,  4,  5,   6,   7,   8,    12, 16,   31,
+                                 32, 33, 64, 96, 128, 160, 256, 1024, 0,  1025, -4};
+  return kChoices[in.pick(sizeof(kChoices) / sizeof(kChoices[0]))];
+}
+
+struct Case {
+  RoutingConfig cfg;
+  PlanShape shape;
+  int64_t tokens = 0;
+  int64_t row_stride = 0;
+  DType logits_dtype = DType::f32;
+  int bias_kind = 0;    // 0 none, 1 fp32 [E], 2 bf16 [E], 3 [E + 1] fp32, 4 int32 [E]
+  int replay_kind = 0;  // 0 none, 1 [T + extra, K] int16, 2 [T - 1, K], 3 [T, K + 1], 4 int32
+  int replay_extra = 0;
+  bool valid_by_contract = false;  // every documented rule holds
+};
+
+Case decode_case(Bytes& in) {
+  Case c;
+  RoutingConfig& cfg = c.cfg;
+  cfg.method = static_cast<RoutingMethod>(in.chance(97) ? in.pick(5) : 5 + in.pick(251));  // or no method at all
+  cfg.num_experts = experts_value(in);
+  const int E = std::max(cfg.num_experts, 1);
+  cfg.top_k = in.chance(90) ? 1 + in.pick(std::min(E, 32)) : in.pick(40) - 2;
+  cfg.num_shared_experts = in.chance(70) ? 0 : in.pick(5) - (in.chance(10) ? 2 : 0);
+  cfg.renormalize = in.chance(50);
+  if (cfg.method == RoutingMethod::llama4 && in.chance(90)) cfg.top_k = 1;
+  if (cfg.method == RoutingMethod::sigmoid_grouped && in.chance(80)) {
+    static const int kGroups[] = {1, 2, 4, 8, 3, 5, 16, 32};
+    cfg.n_group = kGroups[in.pick(8)];
+    if (in.chance(80)) {
+      while (E % cfg.n_group != 0) cfg.n_group /= 2;
+      cfg.n_group = std::max(cfg.n_group, 1);
+    }
+    cfg.topk_group = 1 + in.pick(cfg.n_group);
+    const int kept = cfg.topk_group * (E / cfg.n_group);
+    if (kept >= 1 && cfg.top_k > kept && in.chance(80)) cfg.top_k = 1 + in.pick(std::min(kept, 32));
+  } else if (in.chance(5)) {
+    cfg.n_group = in.pick(3);
+    cfg.topk_group = in.pick(3);
+  }
+  static const float kScales[] = {1.0f, 2.5f, 0.125f, 1e-30f, 0.0f, -1.0f, INFINITY, NAN};
+  cfg.routed_scaling_factor = in.chance(85) ? kScales[in.pick(4)] : kScales[in.pick(8)];
+
+  c.tokens = in.pick(24) + (in.chance(10) ? 40 : 0);
+  c.row_stride = cfg.num_experts + (in.chance(30) ? in.pick(9) : 0) - (in.chance(5) ? 1 : 0);
+  c.logits_dtype = in.chance(90) ? (in.chance(50) ? DType::f32 : DType::bf16) : DType::i32;
+  c.bias_kind = in.chance(50) ? 0 : (in.chance(90) ? 1 + in.pick(2) : 3 + in.pick(2));
+  c.replay_kind = in.chance(60) ? 0 : (in.chance(90) ? 1 : 2 + in.pick(3));
+  c.replay_extra = in.pick(3);
+
+  c.shape = {.max_tokens = std::max<int64_t>(1, c.tokens + in.pick(3) - (in.chance(5) ? 2 : 0)),
+             .num_experts = cfg.num_experts,
+             .top_k = cfg.top_k,
+             .num_shared_experts = cfg.num_shared_experts,
+             .block = in.chance(95) ? 1 + in.pick(256) : (in.chance(50) ? 0 : 257)};
+  if (in.chance(3)) c.shape.top_k += 1;  // a plan of another shape
+
+  // The documented rules, restated here from the headers (not from the validation code).
+  const RoutingConfig& r = cfg;
+  const bool groups_ok = r.method == RoutingMethod::sigmoid_grouped
+                             ? r.n_group >= 1 && r.num_experts % r.n_group == 0 && r.topk_group >= 1 &&
+                                   r.topk_group <= r.n_group && r.top_k <= r.topk_group * (r.num_experts / r.n_group)
+                             : r.n_group == 1 && r.topk_group == 1;
+  const bool config_ok = static_cast<int>(r.method) < 5 && r.num_experts >= 1 && r.num_experts <= kMaxExperts &&
+                         r.top_k >= 1 && r.top_k <= std::min(r.num_experts, 32) && r.num_shared_experts >= 0 &&
+                         r.top_k + r.num_shared_experts <= kMaxSlots && groups_ok &&
+                         (r.method != RoutingMethod::llama4 || r.top_k == 1) &&
+                         std::isfinite(r.routed_scaling_factor) && r.routed_scaling_factor > 0.0f;
+  const bool tensors_ok =
+      c.row_stride >= r.num_experts && c.logits_dtype != DType::i32 && c.bias_kind <= 2 && c.replay_kind <= 1;
+  const bool plan_ok =
+      c.shape.block >= 1 && c.shape.block <= kMaxBlock && c.tokens <= c.shape.max_tokens && c.shape.top_k == r.top_k;
+  c.valid_by_contract = config_ok && tensors_ok && plan_ok;
+  return c;
+}
+
+/// Every property of DESIGN §4 for a plan built from its own topk ids, and the routing contract's slot rules.
+void check_plan(const Case& c, const RoutePlanView& v) {
+  const int E = c.cfg.num_experts, K = c.cfg.top_k, S = c.cfg.num_shared_experts, Kt = K + S, G = E + S;
+  const int B = c.shape.block;
+  const int64_t T = c.tokens, total = T * Kt;
+  require(v.tokens == T, "plan token count");
+  std::vector<int64_t> counts(G, 0);
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t* ids = v.topk_ids + t * Kt;
+    for (int j = 0; j < K; ++j) {
+      require(ids[j] >= 0 && ids[j] < E, "routed id out of range");
+      for (int i = 0; i < j; ++i) require(ids[i] != ids[j], "an expert routed twice for one token");
+    }
+    for (int j = K; j < Kt; ++j) {
+      require(ids[j] == E + j - K, "shared slot id");
+      require(v.topk_weights[t * Kt + j] == 1.0f, "shared slot weight");
+    }
+    for (int j = 0; j < Kt; ++j) ++counts[ids[j]];
+  }
+  require(v.expert_offsets[0] == 0, "first offset");
+  for (int g = 0; g < G; ++g) {
+    require(v.expert_counts[g] == counts[g], "expert count");
+    const int64_t seg = v.expert_offsets[g + 1] - v.expert_offsets[g];
+    require(v.expert_offsets[g + 1] % B == 0 && seg >= counts[g] && seg - counts[g] < B, "padded segment");
+  }
+  const int64_t used = v.expert_offsets[G];
+  const int64_t cap = plan_capacity(T, E, K, S, B);
+  require(used <= cap, "extent within the capacity for T");
+  require(v.extent[0] == used && v.extent[1] == used / B, "extent");
+  std::vector<int> seen(static_cast<size_t>(total), 0);
+  for (int g = 0; g < G; ++g) {
+    int32_t previous = -1;
+    for (int64_t r = v.expert_offsets[g]; r < v.expert_offsets[g + 1]; ++r) {
+      const int32_t slot = v.sorted_slots[r];
+      if (r >= v.expert_offsets[g] + counts[g]) {
+        require(slot == total, "padding row");
+        continue;
+      }
+      require(slot > previous && slot < total && v.topk_ids[slot] == g, "expert rows: its slots, ascending");
+      require(v.slot_rows[slot] == r, "slot_rows inverts sorted_slots");
+      previous = slot;
+      ++seen[slot];
+    }
+    for (int64_t b = v.expert_offsets[g] / B; b < v.expert_offsets[g + 1] / B; ++b)
+      require(v.block_experts[b] == g, "block owner");
+  }
+  for (int64_t s = 0; s < total; ++s) require(seen[s] == 1, "every slot in exactly one row");
+  for (int64_t r = used; r < cap; ++r) require(v.sorted_slots[r] == total, "rows past the extent");
+  for (int64_t b = used / B; b < cap / B; ++b) require(v.block_experts[b] == -1, "blocks past the extent");
+}
+
+void run_case(const Case& c, Bytes& in) {
+  const RoutingConfig& cfg = c.cfg;
+  const int E = std::max(cfg.num_experts, 1);
+  const int K = std::max(cfg.top_k, 1);
+  const int64_t T = c.tokens, stride = std::max<int64_t>(c.row_stride, 1);
+
+  // Buffers sized for what each view describes, so that only a rule the validation misses can read out of bounds.
+  const size_t elem = c.logits_dtype == DType::bf16 ? 2 : 4;
+  std::vector<unsigned char> logits_buf(static_cast<size_t>(std::max<int64_t>(T * stride, 1)) * elem);
+  for (int64_t i = 0; i < T * stride; ++i) {
+    const float f = logit_value(in);
+    if (elem == 2) {
+      const uint16_t b = float_to_bf16(f);
+      std::memcpy(logits_buf.data() + i * 2, &b, 2);
+    } else {
+      std::memcpy(logits_buf.data() + i * 4, &f, 4);
+    }
+  }
+  TensorView logits{.data = logits_buf.data(), .dtype = c.logits_dtype, .device = Device::cpu(), .ndim = 2};
+  logits.shape = {T, cfg.num_experts, 0, 0};
+  logits.strides = {c.row_stride, 1, 0, 0};
+
+  std::vector<float> bias_f(static_cast<size_t>(E + 1));
+  for (float& b : bias_f) b = logit_value(in);
+  std::vector<uint16_t> bias_h(bias_f.size());
+  for (size_t i = 0; i < bias_f.size(); ++i) bias_h[i] = float_to_bf16(bias_f[i]);
+  const int64_t replay_rows = c.replay_kind == 2 ? T - 1 : T + c.replay_extra;
+  constexpr int16_t kUntouched = -12345;
+  // Room for [rows, K + 1] int32 (replay_kind 4 views it as int32).
+  std::vector<int16_t> replay_buf(static_cast<size_t>(std::max<int64_t>(replay_rows, 1) * (K + 1) * 2), kUntouched);
+
+  try {
+    TensorView bias, replay;  // views with a negative extent throw from contiguous(): counted as rejections
+    if (c.bias_kind == 1 || c.bias_kind == 3)
+      bias = TensorView::contiguous(bias_f.data(), DType::f32, {cfg.num_experts + (c.bias_kind == 3 ? 1 : 0)});
+    else if (c.bias_kind == 2)
+      bias = TensorView::contiguous(bias_h.data(), DType::bf16, {cfg.num_experts});
+    else if (c.bias_kind == 4)
+      bias = TensorView::contiguous(bias_f.data(), DType::i32, {cfg.num_experts});
+    if (c.replay_kind >= 1)
+      replay = TensorView::contiguous(replay_buf.data(), c.replay_kind == 4 ? DType::i32 : DType::i16,
+                                      {replay_rows, cfg.top_k + (c.replay_kind == 3 ? 1 : 0)});
+    RoutePlan plan(c.shape, Device::cpu());
+    route(cfg, logits, bias, plan, nullptr, replay);
+    require(c.valid_by_contract, "an input that breaks a documented rule was accepted");
+    ++moekit::fuzz::route_outcomes().accepted;
+    check_plan(c, plan.view());
+    if (replay.present()) {
+      for (int64_t t = 0; t < replay_rows; ++t)
+        for (int j = 0; j < cfg.top_k; ++j) {
+          const int16_t got = replay_buf[static_cast<size_t>(t * cfg.top_k + j)];
+          require(
+              t < T ? got == plan.view().topk_ids[t * (cfg.top_k + cfg.num_shared_experts) + j] : got == kUntouched,
+              "replay rows");
+        }
+    }
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    if (c.valid_by_contract) violation("a valid input was rejected: " + what);
+    ++moekit::fuzz::route_outcomes().rejected;
+    require(what.rfind("moekit::", 0) == 0 && what.find(": ") != std::string::npos,
+            "an error message without its operation: " + what);
+  }
+}
+
+}  // namespace
+
+moekit::fuzz::Outcomes& moekit::fuzz::route_outcomes() {
+  static Outcomes outcomes;
+  return outcomes;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  Bytes in(data, size);
+  const Case c = decode_case(in);
+  run_case(c, in);
+  return 0;
+}
