@@ -5,6 +5,7 @@
 // Plans are filled by hand here (topk ids and weights): experts_reference reads nothing else from the plan.
 #include "moekit/experts.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -490,6 +491,8 @@ TEST(ExpertConfigValidate, EveryField) {
               c.num_shared_experts = 3;
             }),
             "moekit::experts: top_k + num_shared_experts (33) must be <= 32");
+  EXPECT_EQ(msg([](ExpertConfig& c) { c.num_shared_experts = 2147483647; }),  // the sum would overflow int
+            "moekit::experts: top_k + num_shared_experts (2147483649) must be <= 32");
   EXPECT_EQ(msg([](ExpertConfig& c) { c.local_num_experts = 9; }),
             "moekit::experts: local_num_experts (9) must be -1 or in 0..8");
   EXPECT_EQ(msg([](ExpertConfig& c) { c.local_num_experts = -2; }),
@@ -511,6 +514,27 @@ TEST(ExpertConfigValidate, EveryField) {
               c.local_num_experts = 4;
             }),
             "<no InvalidArgument>");
+}
+
+// swiglu_clamped's parameters: NaN or infinite alpha / beta and a limit that is not > 0 (NaN included) are
+// rejected; +inf (no clamp) is allowed, and the other activations ignore the parameters.
+TEST(ExpertConfigValidate, SwigluClampedParameters) {
+  auto msg = [](Activation a, ActivationParams act) {
+    ExpertConfig c = make_expert_config(8, 2, 64, 32, 0, a);
+    c.act = act;
+    return error_of([&] { c.validate(); });
+  };
+  const Activation sw = Activation::swiglu_clamped;
+  EXPECT_EQ(msg(sw, {}), "<no InvalidArgument>");
+  EXPECT_EQ(msg(sw, {.alpha = 1.0f, .beta = 0.0f, .limit = INFINITY}), "<no InvalidArgument>");
+  EXPECT_EQ(msg(sw, {.alpha = NAN}),
+            "moekit::experts: act.alpha (nan) and act.beta (1) must be finite for swiglu_clamped");
+  EXPECT_EQ(msg(sw, {.beta = -INFINITY}),
+            "moekit::experts: act.alpha (1.702) and act.beta (-inf) must be finite for swiglu_clamped");
+  for (float limit : {0.0f, -1.0f, NAN})
+    EXPECT_EQ(msg(sw, {.limit = limit}),
+              fmt::format("moekit::experts: act.limit ({}) must be > 0 for swiglu_clamped (+inf: no clamp)", limit));
+  EXPECT_EQ(msg(Activation::silu_gated, {.alpha = NAN, .limit = -1.0f}), "<no InvalidArgument>");
 }
 
 TEST(ExpertWeightsValidate, ShapesDtypesLayoutDevice) {

@@ -29,7 +29,8 @@ GateUpLayout parse_gate_up_layout(std::string_view name);  // throws InvalidArgu
 
 /// Parameters of the gated activations.
 ///   silu_gated:     silu(gate) * up
-///   swiglu_clamped: g = min(gate, limit), u = clamp(up, -limit, limit), g * sigmoid(alpha * g) * (u + beta)
+///   swiglu_clamped: g = min(gate, limit), u = clamp(up, -limit, limit), g * sigmoid(alpha * g) * (u + beta);
+///                   alpha and beta finite, limit > 0 (+inf: no clamp)
 ///   gelu_gated:     gelu_tanh(gate) * up
 struct ActivationParams {
   float alpha = 1.702f;
@@ -55,7 +56,8 @@ struct ExpertConfig {
   int weight_experts() const { return local_experts() + num_shared_experts; }
 
   /// Throws InvalidArgument naming the field (op "experts"): positive sizes, H and I multiples of 8 (16-byte rows
-  /// in bf16), K + S <= 32, a local range inside [0, E).
+  /// in bf16), K + S <= 32, a local range inside [0, E), a known activation and layout, and for swiglu_clamped the
+  /// parameter rules of ActivationParams.
   void validate() const;
 };
 

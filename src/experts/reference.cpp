@@ -267,6 +267,7 @@ void experts_reference_chunked(const ExpertConfig& cfg, const ExpertWeights& wei
 
 void experts_reference(const ExpertConfig& cfg, const ExpertWeights& weights, const TensorView& hidden,
                        const RoutePlanView& plan, const TensorView& out, int threads) {
+  cfg.validate();  // first: the sizes below must be in range
   const int64_t per_token =
       int64_t{cfg.hidden} + int64_t{cfg.top_k + cfg.num_shared_experts} * (int64_t{cfg.intermediate} + cfg.hidden);
   detail::experts_reference_chunked(cfg, weights, hidden, plan, out, threads,

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <array>
+#include <cmath>
 #include <string>
 #include <utility>
 
@@ -102,8 +103,9 @@ void ExpertConfig::validate() const {
   if (intermediate <= 0 || intermediate % 8 != 0)
     fail_experts(fmt::format("intermediate ({}) must be a positive multiple of 8", intermediate));
   if (num_shared_experts < 0) fail_experts(fmt::format("num_shared_experts ({}) must be >= 0", num_shared_experts));
-  if (top_k + num_shared_experts > kMaxSlots)
-    fail_experts(fmt::format("top_k + num_shared_experts ({}) must be <= {}", top_k + num_shared_experts, kMaxSlots));
+  if (top_k > kMaxSlots - num_shared_experts)  // not top_k + S: a huge S would overflow the sum
+    fail_experts(
+        fmt::format("top_k + num_shared_experts ({}) must be <= {}", int64_t{top_k} + num_shared_experts, kMaxSlots));
   if (local_num_experts < -1 || local_num_experts > num_experts)
     fail_experts(fmt::format("local_num_experts ({}) must be -1 or in 0..{}", local_num_experts, num_experts));
   if (local_expert_offset < 0 || local_expert_offset >= num_experts)
@@ -113,6 +115,13 @@ void ExpertConfig::validate() const {
                              local_expert_offset, local_experts(), num_experts));
   if (name_of(kActivations, activation) == "unknown")
     fail_experts(fmt::format("activation ({}) must be a known activation", static_cast<int>(activation)));
+  if (activation == Activation::swiglu_clamped) {  // the others ignore act
+    if (!std::isfinite(act.alpha) || !std::isfinite(act.beta))
+      fail_experts(
+          fmt::format("act.alpha ({}) and act.beta ({}) must be finite for swiglu_clamped", act.alpha, act.beta));
+    if (!(act.limit > 0.0f))
+      fail_experts(fmt::format("act.limit ({}) must be > 0 for swiglu_clamped (+inf: no clamp)", act.limit));
+  }
   if (name_of(kLayouts, gate_up) == "unknown")
     fail_experts(fmt::format("gate_up ({}) must be a known gate/up layout", static_cast<int>(gate_up)));
 }
