@@ -4,10 +4,8 @@
 // from the ids alone) and the replay rows; an input that the documented rules (include/moekit/routing.h, plan.h)
 // call valid must not be rejected. A violation prints what broke and aborts.
 //
-// Built as a libFuzzer target with clang (-DMOEKIT_BUILD_FUZZERS=ON), and always as the smoke test
-// RouteFuzz.RandomInputs (route_fuzz_test.cpp), which feeds it seeded random inputs under ctest.
-#include "route_fuzz.h"
-
+// Built as the libFuzzer binary route_fuzzer with clang (-DMOEKIT_BUILD_FUZZERS=ON), and always into the smoke test
+// Fuzz.RouteOnRandomInputs (fuzz_test.cpp), which feeds it seeded random inputs under ctest.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -17,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_targets.h"
 #include "moekit/dtype.h"
 #include "moekit/error.h"
 #include "moekit/plan.h"
@@ -26,36 +25,9 @@
 namespace {
 
 using namespace moekit;
-
-/// Reads the input front to back; past its end every read is 0, so any input decodes to some call.
-class Bytes {
- public:
-  Bytes(const uint8_t* data, size_t size) : data_(data), size_(size) {}
-  uint8_t u8() { return at_ < size_ ? data_[at_++] : 0; }
-  uint32_t u32() {
-    uint32_t v = 0;
-    for (int i = 0; i < 4; ++i) v = v << 8 | u8();
-    return v;
-  }
-  /// One of `n` choices.
-  int pick(int n) { return u8() % n; }
-  /// True with probability about `percent` / 100 (0 when the input is used up).
-  bool chance(int percent) { return at_ < size_ && u8() % 100 < percent; }
-
- private:
-  const uint8_t* data_;
-  size_t size_;
-  size_t at_ = 0;
-};
-
-[[noreturn]] void violation(const std::string& what) {
-  std::fprintf(stderr, "route_fuzz: %s\n", what.c_str());
-  std::abort();
-}
-
-void require(bool ok, const std::string& what) {
-  if (!ok) violation(what);
-}
+using fuzz::Bytes;
+using fuzz::require;
+using fuzz::violation;
 
 /// Logit values: a palette with ties, signed zeros, infinities, NaN and values at the sigmoid's and exp's edges,
 /// or any 32-bit pattern.
@@ -274,9 +246,10 @@ moekit::fuzz::Outcomes& moekit::fuzz::route_outcomes() {
   return outcomes;
 }
 
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+void moekit::fuzz::route_input(const uint8_t* data, size_t size) {
   Bytes in(data, size);
   const Case c = decode_case(in);
   run_case(c, in);
-  return 0;
 }
+
+MOEKIT_FUZZ_ENTRY(route_input)

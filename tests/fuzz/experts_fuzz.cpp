@@ -1,0 +1,272 @@
+// Fuzz target for moekit::experts_reference(): the expert config (sizes, shared experts, the local range of an
+// expert-parallel rank, activation and its parameters, gate/up layout), the weights and optional biases, the plan's
+// ids and weights, and the hidden and output views are decoded from the input bytes, mostly valid, sometimes
+// breaking one rule. Every call must either throw moekit::InvalidArgument naming the operation, or write the output
+// that the contract of include/moekit/experts.h gives, computed here again in double from the formulas (within the
+// output's bf16 rounding); an input the documented rules call valid must not be rejected.
+//
+// Values are small dyadic numbers (exact in bf16), so that the two computations differ by rounding only.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <string>
+#include <vector>
+
+#include "fuzz_targets.h"
+#include "moekit/dtype.h"
+#include "moekit/error.h"
+#include "moekit/experts.h"
+#include "moekit/plan.h"
+#include "moekit/tensor.h"
+
+namespace {
+
+using namespace moekit;
+using fuzz::Bytes;
+using fuzz::require;
+using fuzz::violation;
+
+float small_value(Bytes& in) {
+  static const float kValues[] = {0.0f,  0.5f,   -0.5f, 1.0f,  -1.0f, 2.0f, -2.0f,
+                                  0.25f, -0.25f, 1.5f,  -1.5f, 3.0f,  -3.0f};
+  return kValues[in.pick(sizeof(kValues) / sizeof(kValues[0]))];
+}
+
+struct Case {
+  ExpertConfig cfg;
+  int64_t tokens = 0;
+  int plan_top_k = 0;  // the plan's K (normally cfg.top_k)
+  int b13_kind = 0;    // 0 none, 1 fp32, 2 bf16, 3 int32
+  int b2_kind = 0;
+  bool w13_wrong = false, w2_wrong = false, hidden_wrong = false, out_fp32 = false;
+  bool valid_by_contract = false;
+};
+
+Case decode_case(Bytes& in) {
+  Case c;
+  ExpertConfig& cfg = c.cfg;
+  static const int kExperts[] = {1, 2, 3, 4, 5, 8, 0, 1025};
+  cfg.num_experts = kExperts[in.chance(95) ? in.pick(6) : in.pick(8)];
+  const int E = std::max(cfg.num_experts, 1);
+  cfg.top_k = in.chance(95) ? 1 + in.pick(std::min(E, 4)) : in.pick(7) - 1;
+  static const int kSizes[] = {8, 16, 24, 32, 0, 12, -8};
+  cfg.hidden = kSizes[in.chance(95) ? in.pick(4) : in.pick(7)];
+  cfg.intermediate = kSizes[in.chance(95) ? in.pick(4) : in.pick(7)];
+  cfg.num_shared_experts = in.chance(60) ? 0 : (in.chance(95) ? 1 + in.pick(2) : (in.chance(50) ? -1 : 2147483647));
+  if (in.chance(30)) {  // an expert-parallel rank's slice
+    cfg.local_num_experts = in.pick(E + 1) - (in.chance(5) ? 2 : 0);
+    cfg.local_expert_offset = in.pick(E) + (in.chance(5) ? E : 0);
+  }
+  cfg.activation = static_cast<Activation>(in.chance(97) ? in.pick(3) : 3 + in.pick(200));
+  cfg.gate_up = static_cast<GateUpLayout>(in.chance(97) ? in.pick(3) : 3 + in.pick(200));
+  static const ActivationParams kParams[] = {{},
+                                             {1.0f, 0.0f, INFINITY},
+                                             {2.0f, 0.5f, 1.5f},
+                                             {1.702f, 1.0f, 0.0f},
+                                             {NAN, 1.0f, 7.0f},
+                                             {1.702f, INFINITY, 7.0f},
+                                             {1.702f, 1.0f, NAN},
+                                             {1.702f, 1.0f, -1.0f}};
+  cfg.act = kParams[in.chance(90) ? in.pick(4) : in.pick(8)];
+
+  c.tokens = in.pick(12);
+  c.plan_top_k = std::clamp(in.chance(97) ? cfg.top_k : cfg.top_k + 1, 1, E);
+  c.b13_kind = in.chance(50) ? 0 : (in.chance(95) ? 1 + in.pick(2) : 3);
+  c.b2_kind = in.chance(50) ? 0 : (in.chance(95) ? 1 + in.pick(2) : 3);
+  c.w13_wrong = in.chance(3);
+  c.w2_wrong = in.chance(3);
+  c.hidden_wrong = in.chance(3);
+  c.out_fp32 = in.chance(3);
+
+  // The documented rules (include/moekit/experts.h), restated.
+  const ExpertConfig& r = cfg;
+  const bool local_ok = r.local_num_experts >= -1 && r.local_num_experts <= r.num_experts &&
+                        r.local_expert_offset >= 0 && r.local_expert_offset < r.num_experts &&
+                        r.local_expert_offset + r.local_experts() <= r.num_experts;
+  const bool act_ok = r.activation != Activation::swiglu_clamped ||
+                      (std::isfinite(r.act.alpha) && std::isfinite(r.act.beta) && r.act.limit > 0.0f);
+  const bool config_ok = r.num_experts >= 1 && r.num_experts <= kMaxExperts && r.top_k >= 1 &&
+                         r.top_k <= r.num_experts && r.hidden > 0 && r.hidden % 8 == 0 && r.intermediate > 0 &&
+                         r.intermediate % 8 == 0 && r.num_shared_experts >= 0 &&
+                         int64_t{r.top_k} + r.num_shared_experts <= kMaxSlots && local_ok &&
+                         static_cast<int>(r.activation) < 3 && static_cast<int>(r.gate_up) < 3 && act_ok;
+  c.valid_by_contract = config_ok && c.plan_top_k == r.top_k && c.b13_kind != 3 && c.b2_kind != 3 && !c.w13_wrong &&
+                        !c.w2_wrong && !c.hidden_wrong && !c.out_fp32;
+  return c;
+}
+
+std::string describe(const Case& c) {
+  const ExpertConfig& r = c.cfg;
+  return " (E " + std::to_string(r.num_experts) + ", K " + std::to_string(r.top_k) + ", H " +
+         std::to_string(r.hidden) + ", I " + std::to_string(r.intermediate) + ", S " +
+         std::to_string(r.num_shared_experts) + ", local " + std::to_string(r.local_num_experts) + " from " +
+         std::to_string(r.local_expert_offset) + ", activation " + std::to_string(static_cast<int>(r.activation)) +
+         " alpha " + std::to_string(r.act.alpha) + " beta " + std::to_string(r.act.beta) + " limit " +
+         std::to_string(r.act.limit) + ", gate_up " + std::to_string(static_cast<int>(r.gate_up)) + ", T " +
+         std::to_string(c.tokens) + ", plan K " + std::to_string(c.plan_top_k) + ")";
+}
+
+double activation(const ExpertConfig& cfg, double gate, double up) {
+  const ActivationParams& p = cfg.act;
+  switch (cfg.activation) {
+    case Activation::silu_gated:
+      return gate / (1.0 + std::exp(-gate)) * up;
+    case Activation::swiglu_clamped: {
+      const double g = std::min<double>(gate, p.limit), u = std::clamp<double>(up, -p.limit, p.limit);
+      return g / (1.0 + std::exp(-p.alpha * g)) * (u + p.beta);
+    }
+    case Activation::gelu_gated: {
+      const double k = std::sqrt(2.0 / std::numbers::pi);
+      return 0.5 * gate * (1.0 + std::tanh(k * (gate + 0.044715 * gate * gate * gate))) * up;
+    }
+  }
+  violation("unknown activation accepted");
+}
+
+/// Row of w13 holding gate (which = 0) or up (which = 1) of intermediate column i.
+int64_t w13_row(GateUpLayout layout, int64_t I, int64_t i, int which) {
+  switch (layout) {
+    case GateUpLayout::gate_first:
+      return which * I + i;
+    case GateUpLayout::up_first:
+      return (1 - which) * I + i;
+    case GateUpLayout::interleaved:
+      return 2 * i + which;
+  }
+  violation("unknown gate/up layout accepted");
+}
+
+void run_case(const Case& c, Bytes& in) {
+  const ExpertConfig& cfg = c.cfg;
+  const int64_t T = c.tokens;
+  const int64_t H = std::max(cfg.hidden, 1), I = std::max(cfg.intermediate, 1);
+  const int64_t Ew = std::clamp<int64_t>(int64_t{cfg.local_experts()} + std::clamp(cfg.num_shared_experts, 0, 2), 0,
+                                         kMaxExperts + 3);  // E' of a valid config
+  // Buffers hold what the correct views describe; a wrong view is smaller or of another dtype, never larger.
+  auto fill_bf16 = [&](std::vector<uint16_t>& v, int64_t n) {
+    v.resize(static_cast<size_t>(std::max<int64_t>(n, 1)));
+    for (uint16_t& x : v) x = float_to_bf16(small_value(in));
+  };
+  std::vector<uint16_t> w13, w2, x, b13h, b2h;
+  fill_bf16(w13, Ew * 2 * I * H);
+  fill_bf16(w2, Ew * H * I);
+  fill_bf16(x, T * H);
+  fill_bf16(b13h, Ew * 2 * I);
+  fill_bf16(b2h, Ew * H);
+  std::vector<float> b13f(b13h.size()), b2f(b2h.size());
+  for (size_t i = 0; i < b13h.size(); ++i) b13f[i] = bf16_to_float(b13h[i]);
+  for (size_t i = 0; i < b2h.size(); ++i) b2f[i] = bf16_to_float(b2h[i]);
+  std::vector<uint16_t> out(static_cast<size_t>(std::max<int64_t>(T * H, 1)) * 2, 0x7fc0);  // room for an fp32 view
+
+  try {
+    ExpertWeights w;
+    w.w13 = TensorView::contiguous(w13.data(), DType::bf16, {Ew, 2 * I, H - (c.w13_wrong ? 8 : 0)});
+    w.w2 =
+        TensorView::contiguous(w2.data(), c.w2_wrong ? DType::f32 : DType::bf16, {Ew, H, I / (c.w2_wrong ? 2 : 1)});
+    auto bias_view = [](int kind, std::vector<float>& f, std::vector<uint16_t>& h, int64_t e, int64_t n) {
+      if (kind == 1) return TensorView::contiguous(f.data(), DType::f32, {e, n});
+      if (kind == 2) return TensorView::contiguous(h.data(), DType::bf16, {e, n});
+      if (kind == 3) return TensorView::contiguous(f.data(), DType::i32, {e, n});
+      return TensorView{};
+    };
+    w.b13 = bias_view(c.b13_kind, b13f, b13h, Ew, 2 * I);
+    w.b2 = bias_view(c.b2_kind, b2f, b2h, Ew, H);
+    const TensorView hidden = TensorView::contiguous(x.data(), DType::bf16, {T, c.hidden_wrong ? H / 2 : H});
+    const TensorView out_view = TensorView::contiguous(out.data(), c.out_fp32 ? DType::f32 : DType::bf16, {T, H});
+
+    // A plan of T tokens: K distinct routed experts per token and the shared slots, weights from the input.
+    const int E = std::max(cfg.num_experts, 1), K = c.plan_top_k;
+    const int S = std::clamp(cfg.num_shared_experts, 0, 2), Kt = K + S;
+    RoutePlan plan({.max_tokens = std::max<int64_t>(T, 1),
+                    .num_experts = E,
+                    .top_k = K,
+                    .num_shared_experts = S,
+                    .block = 1 + in.pick(8)},
+                   Device::cpu());
+    RoutePlanView& v = plan.mutable_view();
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<int32_t> pool(static_cast<size_t>(E));
+      for (int e = 0; e < E; ++e) pool[static_cast<size_t>(e)] = e;
+      for (int j = 0; j < Kt; ++j) {
+        if (j < K) {
+          std::swap(pool[static_cast<size_t>(j)], pool[static_cast<size_t>(j + in.pick(E - j))]);
+          v.topk_ids[t * Kt + j] = pool[static_cast<size_t>(j)];
+        } else {
+          v.topk_ids[t * Kt + j] = E + j - K;
+        }
+        v.topk_weights[t * Kt + j] = small_value(in);
+      }
+    }
+    build_plan_reference(T, v);
+
+    experts_reference(cfg, w, hidden, plan.view(), out_view, 1 + in.pick(3));
+    require(c.valid_by_contract, "an input that breaks a documented rule was accepted" + describe(c));
+    ++fuzz::experts_outcomes().accepted;
+
+    // The contract, in double: out[t] = sum_j w[t, j] * (W2 act(W13 x_t + b13) + b2) over the slots whose expert is
+    // held here; `mag` bounds the size of the terms, so the tolerance survives cancellation.
+    const int local = cfg.local_experts();
+    std::vector<double> a(static_cast<size_t>(I));
+    for (int64_t t = 0; t < T; ++t) {
+      std::vector<double> want(static_cast<size_t>(H), 0.0), mag(static_cast<size_t>(H), 0.0);
+      for (int j = 0; j < Kt; ++j) {
+        const int32_t id = v.topk_ids[t * Kt + j];
+        int64_t le = id >= E ? local + (id - E) : int64_t{id} - cfg.local_expert_offset;
+        if (id < E && (le < 0 || le >= local)) continue;  // another rank's expert
+        auto bias = [&](int kind, const std::vector<float>& f, int64_t at) {
+          return kind == 0 ? 0.0 : double{f[at]};
+        };
+        for (int64_t i = 0; i < I; ++i) {
+          double gu[2];
+          for (int which = 0; which < 2; ++which) {
+            const int64_t row = w13_row(cfg.gate_up, I, i, which);
+            double s = bias(c.b13_kind, b13f, le * 2 * I + row);
+            for (int64_t k = 0; k < H; ++k)
+              s += double{bf16_to_float(w13[(le * 2 * I + row) * H + k])} * bf16_to_float(x[t * H + k]);
+            gu[which] = s;
+          }
+          a[i] = activation(cfg, gu[0], gu[1]);
+        }
+        const double wt = v.topk_weights[t * Kt + j];
+        for (int64_t h = 0; h < H; ++h) {
+          double y = bias(c.b2_kind, b2f, le * H + h), ym = std::abs(y);
+          for (int64_t i = 0; i < I; ++i) {
+            const double term = double{bf16_to_float(w2[(le * H + h) * I + i])} * a[i];
+            y += term;
+            ym += std::abs(term);
+          }
+          want[h] += wt * y;
+          mag[h] += std::abs(wt) * ym;
+        }
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        const double got = bf16_to_float(out[t * H + h]);
+        require(std::abs(got - want[h]) <= 4e-3 * mag[h] + 1e-6,
+                "out[" + std::to_string(t) + ", " + std::to_string(h) + "] = " + std::to_string(got) +
+                    ", the contract gives " + std::to_string(want[h]) + describe(c));
+      }
+    }
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    if (c.valid_by_contract) violation("a valid input was rejected: " + what + describe(c));
+    ++fuzz::experts_outcomes().rejected;
+    require(what.rfind("moekit::", 0) == 0 && what.find(": ") != std::string::npos,
+            "an error message without its operation: " + what);
+  }
+}
+
+}  // namespace
+
+moekit::fuzz::Outcomes& moekit::fuzz::experts_outcomes() {
+  static Outcomes outcomes;
+  return outcomes;
+}
+
+void moekit::fuzz::experts_input(const uint8_t* data, size_t size) {
+  Bytes in(data, size);
+  const Case c = decode_case(in);
+  run_case(c, in);
+}
+
+MOEKIT_FUZZ_ENTRY(experts_input)

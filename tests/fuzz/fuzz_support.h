@@ -1,0 +1,49 @@
+// What the fuzz targets share: the input reader, violations, and the outcome counts the smoke tests check.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+namespace moekit::fuzz {
+
+/// Reads the input front to back; past its end every read is 0, so any input decodes to some call.
+class Bytes {
+ public:
+  Bytes(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  uint8_t u8() { return at_ < size_ ? data_[at_++] : 0; }
+  uint32_t u32() {
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) v = v << 8 | u8();
+    return v;
+  }
+  /// One of `n` choices.
+  int pick(int n) { return u8() % n; }
+  /// True with probability about `percent` / 100 (0 when the input is used up).
+  bool chance(int percent) { return at_ < size_ && u8() % 100 < percent; }
+
+ private:
+  const uint8_t* data_;
+  size_t size_;
+  size_t at_ = 0;
+};
+
+/// A broken property: printed, then the process aborts (libFuzzer keeps the input, ctest reports the crash).
+[[noreturn]] inline void violation(const std::string& what) {
+  std::fprintf(stderr, "fuzz: %s\n", what.c_str());
+  std::abort();
+}
+
+inline void require(bool ok, const std::string& what) {
+  if (!ok) violation(what);
+}
+
+/// How the inputs run so far ended: a checked result, or a rejection by InvalidArgument (a violation aborts).
+struct Outcomes {
+  int64_t accepted = 0;
+  int64_t rejected = 0;
+};
+
+}  // namespace moekit::fuzz

@@ -1,0 +1,32 @@
+// The fuzz targets: each decodes one call from `data` and checks its outcome (fuzz_support.h: a broken property
+// aborts). Driven by libFuzzer (the *_fuzzer binaries, MOEKIT_BUILD_FUZZERS=ON) and by fuzz_test.cpp under ctest.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "fuzz_support.h"
+
+namespace moekit::fuzz {
+
+/// moekit::route() on the CPU backend (route_fuzz.cpp).
+void route_input(const uint8_t* data, size_t size);
+Outcomes& route_outcomes();
+
+/// moekit::experts_reference() (experts_fuzz.cpp).
+void experts_input(const uint8_t* data, size_t size);
+Outcomes& experts_outcomes();
+
+}  // namespace moekit::fuzz
+
+/// The libFuzzer entry point of a target's binary: `MOEKIT_FUZZ_ENTRY(route_input)` in its source, compiled in only
+/// when MOEKIT_LIBFUZZER is defined.
+#ifdef MOEKIT_LIBFUZZER
+#define MOEKIT_FUZZ_ENTRY(target)                                           \
+  extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) { \
+    moekit::fuzz::target(data, size);                                       \
+    return 0;                                                               \
+  }
+#else
+#define MOEKIT_FUZZ_ENTRY(target)
+#endif
