@@ -45,6 +45,7 @@ class DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
+  /// The device pointer (null when empty), its size in bytes and its CUDA device.
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   int device() const { return device_; }

@@ -100,7 +100,9 @@ void validate_layer_inputs(const LayerSpec& spec, const LayerInputs& in, int64_t
 struct Support {
   bool ok = false;
   std::string reason;
+  /// A runner that serves the layer.
   static Support yes() { return {true, {}}; }
+  /// A runner that does not, with the clause that says why.
   static Support no(std::string why) { return {false, std::move(why)}; }
 };
 

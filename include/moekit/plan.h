@@ -74,6 +74,7 @@ class RoutePlan {
   RoutePlan(const RoutePlan&) = delete;
   RoutePlan& operator=(const RoutePlan&) = delete;
 
+  /// The shape it was allocated for, its device, and its arrays with the last call's token count.
   const PlanShape& shape() const { return view_.shape; }
   Device device() const { return device_; }
   const RoutePlanView& view() const { return view_; }
