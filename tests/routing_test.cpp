@@ -487,6 +487,9 @@ TEST(RoutingValidate, Logits) {
   a.logits = TensorView::contiguous(a.buf.data(), DType::f32, {4, 7});
   EXPECT_EQ(a.error(), "moekit::route: logits.shape[1] (7) must equal num_experts (8)");
   a.logits = TensorView::contiguous(a.buf.data(), DType::f32, {4, 8});
+  a.logits.shape[0] = -1;  // only a hand-built view has a negative extent
+  EXPECT_EQ(a.error(), "moekit::route: logits.shape[0] (-1) must be >= 0");
+  a.logits.shape[0] = 4;
   a.logits.strides = {16, 2};
   EXPECT_EQ(a.error(), "moekit::route: logits.stride[1] (2) must be 1");
   a.logits.strides = {4, 1};

@@ -128,6 +128,7 @@ void validate_route_args(const RoutingConfig& cfg, const TensorView& logits, con
   if (logits.ndim != 2) fail(fmt::format("logits must be 2-D [T, E], got {}", logits.describe()));
   if (!is_float_input(logits.dtype))
     fail(fmt::format("logits dtype ({}) must be fp32 or bf16", dtype_name(logits.dtype)));
+  if (logits.shape[0] < 0) fail(fmt::format("logits.shape[0] ({}) must be >= 0", logits.shape[0]));
   if (logits.shape[1] != e) fail(fmt::format("logits.shape[1] ({}) must equal num_experts ({})", logits.shape[1], e));
   if (logits.stride(1) != 1) fail(fmt::format("logits.stride[1] ({}) must be 1", logits.stride(1)));
   if (logits.stride(0) < e)
