@@ -77,6 +77,14 @@ TEST(TensorView, ContiguousShapeAndStrides) {
   EXPECT_FALSE(TensorView{}.present());
   EXPECT_THROW(TensorView::contiguous(buf, DType::f32, {1, 2, 3, 4, 5}), InvalidArgument);
   EXPECT_THROW(TensorView::contiguous(buf, DType::f32, {-1}), InvalidArgument);
+  try {
+    TensorView::contiguous(buf, DType::f32, {int64_t{1} << 32, int64_t{1} << 31, 2});  // 2^64 elements
+    ADD_FAILURE() << "no exception for a shape whose element count overflows int64";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(),
+                 "moekit::tensor: shape [4294967296, 2147483648, 2] fp32 cpu must hold at most 2^63 - 1 "
+                 "elements");
+  }
 }
 
 TEST(Device, QueriesNeverThrowWithoutAGpu) {

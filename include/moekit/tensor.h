@@ -42,7 +42,8 @@ struct TensorView {
   std::array<int64_t, kMaxDims> shape{};
   std::array<int64_t, kMaxDims> strides{};  // in elements
 
-  /// A row-major contiguous view. Throws InvalidArgument for more than kMaxDims dims or a negative extent.
+  /// A row-major contiguous view. Throws InvalidArgument for more than kMaxDims dims, a negative extent, or more
+  /// elements than int64 holds.
   static TensorView contiguous(void* data, DType dtype, std::initializer_list<int64_t> shape, Device device = {});
 
   /// A default-constructed view (ndim 0) stands for an absent optional tensor.

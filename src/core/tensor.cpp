@@ -27,7 +27,8 @@ TensorView TensorView::contiguous(void* data, DType dtype, std::initializer_list
   int64_t stride = 1;
   for (int d = v.ndim - 1; d >= 0; --d) {
     v.strides[d] = stride;
-    stride *= v.shape[d];
+    if (__builtin_mul_overflow(stride, v.shape[d], &stride))
+      throw InvalidArgument("tensor", fmt::format("shape {} must hold at most 2^63 - 1 elements", v.describe()));
   }
   return v;
 }
