@@ -76,6 +76,30 @@ TEST(Cli, RouteReadsLogitsFromAFile) {
   EXPECT_NE(r.output.find("token 1: ids [3, 1]"), std::string::npos) << r.output;
 }
 
+// Values in the logits file: subnormal ones are numbers (expert 1 wins over 0 by 1e-40), values past fp32's range
+// and words that are not numbers are refused with the word.
+TEST(Cli, LogitsFileValues) {
+  auto route_with = [](const std::string& text) {
+    char path[] = "/tmp/moekit_cli_logitsXXXXXX";
+    const int fd = mkstemp(path);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(write(fd, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+    close(fd);
+    CliRun r = run_cli(std::string("route --experts 2 --top-k 1 --method topk_softmax --logits ") + path);
+    std::remove(path);
+    return r;
+  };
+  CliRun tiny = route_with("0 1e-40\n");
+  ASSERT_EQ(tiny.status, 0) << tiny.output;
+  EXPECT_NE(tiny.output.find("token 0: ids [1]"), std::string::npos) << tiny.output;
+  CliRun huge = route_with("1e50 0\n");
+  EXPECT_EQ(huge.status, 1);
+  EXPECT_NE(huge.output.find("'1e50' is outside fp32's range"), std::string::npos) << huge.output;
+  CliRun word = route_with("1.5x 0\n");
+  EXPECT_EQ(word.status, 1);
+  EXPECT_NE(word.output.find("'1.5x' is not a number"), std::string::npos) << word.output;
+}
+
 // What a GPU command says on this machine when it has no GPU: a CUDA build asks for a device, a build without CUDA
 // says it has none.
 bool says_gpu_needed(const std::string& output) {

@@ -5,6 +5,9 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <stdexcept>
 #include <thread>
@@ -64,13 +67,15 @@ std::vector<float> read_logits_file(const std::string& op, const std::string& pa
   std::vector<float> values;
   std::string word;
   while (in >> word) {
-    try {
-      size_t used = 0;
-      values.push_back(std::stof(word, &used));
-      if (used != word.size()) throw std::invalid_argument(word);
-    } catch (const std::exception&) {
+    // strtof, not stof: stof throws on underflow too, and a subnormal logit is a valid fp32 value.
+    char* end = nullptr;
+    errno = 0;
+    const float v = std::strtof(word.c_str(), &end);
+    if (end != word.c_str() + word.size())
       throw InvalidArgument(op, fmt::format("logits file '{}': '{}' is not a number", path, word));
-    }
+    if (errno == ERANGE && std::isinf(v))
+      throw InvalidArgument(op, fmt::format("logits file '{}': '{}' is outside fp32's range", path, word));
+    values.push_back(v);
   }
   if (values.empty() || values.size() % static_cast<size_t>(experts) != 0)
     throw InvalidArgument(op, fmt::format("logits file '{}' holds {} values, which must be a positive multiple of "
