@@ -46,4 +46,18 @@ struct Outcomes {
   int64_t rejected = 0;
 };
 
+/// Counts a call that succeeded; `valid` says whether the documented rules allow its input (`context` names it).
+inline void accepted(Outcomes& o, bool valid, const std::string& context) {
+  require(valid, "an input that breaks a documented rule was accepted" + context);
+  ++o.accepted;
+}
+
+/// Counts a call rejected with message `what`, which must name its operation ("moekit::op: ...").
+inline void rejected(Outcomes& o, bool valid, const std::string& what, const std::string& context) {
+  if (valid) violation("a valid input was rejected: " + what + context);
+  require(what.rfind("moekit::", 0) == 0 && what.find(": ") != std::string::npos,
+          "an error message without its operation: " + what);
+  ++o.rejected;
+}
+
 }  // namespace moekit::fuzz

@@ -11,11 +11,17 @@ namespace moekit::fuzz {
 
 /// moekit::route() on the CPU backend (route_fuzz.cpp).
 void route_input(const uint8_t* data, size_t size);
-Outcomes& route_outcomes();
+inline Outcomes& route_outcomes() {
+  static Outcomes outcomes;
+  return outcomes;
+}
 
 /// moekit::experts_reference() (experts_fuzz.cpp).
 void experts_input(const uint8_t* data, size_t size);
-Outcomes& experts_outcomes();
+inline Outcomes& experts_outcomes() {
+  static Outcomes outcomes;
+  return outcomes;
+}
 
 }  // namespace moekit::fuzz
 
