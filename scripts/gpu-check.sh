@@ -73,6 +73,8 @@ if want tests; then
   # CPU tests whose checks change where a GPU is present (the CUDA runner, the CLI's benchmark tables).
   step runtime_test "$build/tests/runtime_test"
   step cli_test "$build/tests/cli_test"
+  # The machine code this toolchain built: sm_90a, no local memory, HGMMA in every CUTLASS GEMM.
+  step sass_check ctest --test-dir "$build" -R '^SassCheck$' --output-on-failure
 fi
 
 # Sanitizers (quick case lists: the tools slow kernels 10-100x).
