@@ -18,8 +18,9 @@ struct CliRun {
   std::string output;  // stdout and stderr together
 };
 
-CliRun run_cli(const std::string& args) {
-  const std::string cmd = std::string(MOEKIT_CLI_PATH) + " " + args + " 2>&1";
+// Runs `prefix` (shell commands ending in "; " or empty), then the CLI with `args`.
+CliRun run_cli(const std::string& args, const std::string& prefix = "") {
+  const std::string cmd = prefix + std::string(MOEKIT_CLI_PATH) + " " + args + " 2>&1";
   CliRun r;
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) return r;
@@ -108,6 +109,18 @@ bool says_gpu_needed(const std::string& output) {
 }
 
 // Lists take commas, as in bench moe and tune (and spaces); without a GPU the command then says what it needs.
+// A command whose buffers do not fit in host memory says so (here: 3.2 GB of logits under a 1 GB address-space
+// limit), instead of "std::bad_alloc".
+TEST(Cli, OutOfHostMemoryIsReported) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reserves more address space than the limit allows";
+#else
+  CliRun r = run_cli("route --experts 8 --top-k 2 --tokens 100000000", "ulimit -v 1000000; ");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("error: out of host memory for this command's buffers"), std::string::npos) << r.output;
+#endif
+}
+
 TEST(Cli, BenchRouteTakesCommaLists) {
   for (const char* args : {"--tokens 1,2,4", "--tokens 1 2 4", "--ctas 0,8 --tokens 64"}) {
     CliRun r = run_cli(std::string("bench route --verify-only ") + args);

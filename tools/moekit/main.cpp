@@ -2,6 +2,7 @@
 // stderr and exit status 1 (2 for a command-line syntax error).
 #include <cstdio>
 #include <exception>
+#include <new>
 
 #include "commands.h"
 #include "moekit/error.h"
@@ -20,6 +21,10 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   } catch (const moekit::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr,
+                 "error: out of host memory for this command's buffers (fewer --tokens, or a smaller preset)\n");
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
