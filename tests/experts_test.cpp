@@ -368,6 +368,13 @@ TEST(RearrangeGateUp, RejectsBadViews) {
   EXPECT_EQ(message(src, TensorView::contiguous(nullptr, DType::f32, {2, 4, 3})),
             "moekit::experts: dst ([2, 4, 3] fp32 cpu) must not be null");
   EXPECT_EQ(message(src, dst), "no error");
+  // A layout value outside the enum was read as gate_first.
+  try {
+    rearrange_gate_up(src, g, dst, static_cast<GateUpLayout>(5));
+    ADD_FAILURE() << "no error for an unknown layout";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(), "moekit::experts: to (5) must be a known gate/up layout");
+  }
 }
 
 TEST(ExpertsReference, BiasesFp32AndBf16) {

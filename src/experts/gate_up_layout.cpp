@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <cstring>
+#include <utility>
 
 #include "experts/internal.h"
 #include "moekit/error.h"
@@ -26,6 +27,9 @@ void check_view(const TensorView& t, const char* name) {
 }  // namespace
 
 void rearrange_gate_up(const TensorView& src, GateUpLayout from, const TensorView& dst, GateUpLayout to) {
+  for (const auto& [name, layout] : {std::pair{"from", from}, std::pair{"to", to}})
+    if (gate_up_layout_name(layout) == "unknown")
+      fail_experts(fmt::format("{} ({}) must be a known gate/up layout", name, static_cast<int>(layout)));
   check_view(src, "src");
   check_view(dst, "dst");
   if (dst.dtype != src.dtype || dst.ndim != src.ndim || dst.shape != src.shape)
