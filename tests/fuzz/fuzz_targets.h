@@ -16,6 +16,13 @@ inline Outcomes& route_outcomes() {
   return outcomes;
 }
 
+/// moekit::MoELayer on the reference runner (layer_fuzz.cpp).
+void layer_input(const uint8_t* data, size_t size);
+inline Outcomes& layer_outcomes() {
+  static Outcomes outcomes;
+  return outcomes;
+}
+
 /// moekit::experts_reference() (experts_fuzz.cpp).
 void experts_input(const uint8_t* data, size_t size);
 inline Outcomes& experts_outcomes() {

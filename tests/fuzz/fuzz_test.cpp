@@ -28,6 +28,10 @@ TEST(Fuzz, RouteOnRandomInputs) {
   run_random_inputs(moekit::fuzz::route_input, moekit::fuzz::route_outcomes(), 3000, 2048, 20261204);
 }
 
+TEST(Fuzz, LayerOnRandomInputs) {
+  run_random_inputs(moekit::fuzz::layer_input, moekit::fuzz::layer_outcomes(), 1500, 4096, 20261206);
+}
+
 TEST(Fuzz, ExpertsOnRandomInputs) {
   run_random_inputs(moekit::fuzz::experts_input, moekit::fuzz::experts_outcomes(), 1500, 4096, 20261205);
 }
