@@ -6,6 +6,7 @@
 // documented error (InvalidArgument, or NotSupported for the quantized layer) whose message names the bad argument.
 #include <algorithm>
 #include <cstdint>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -42,41 +43,27 @@ enum class Fault {
   count
 };
 
-/// The substring the error of each fault must contain (none: no error).
+/// The substring the error of each fault must contain, in Fault's order (none: no error).
+constexpr const char* kExpectedWords[] = {
+    "",                                         // none
+    "routing num_experts (",                    // routing_experts
+    "routing top_k (",                          // routing_top_k
+    "fp8_e4m3_block",                           // quantized
+    "hidden must be a 2-D [T, H] bf16 tensor",  // hidden_dtype
+    "out shape (",                              // out_width
+    "logits.shape[1] (",                        // logits_width
+    "logits.shape[0] (",                        // logits_rows
+    "replay.shape[1] (",                        // replay_width
+    "max_tokens (",                             // too_many_tokens
+    "max_tokens (0)",                           // zero_max_tokens
+    "'nonexistent'",                            // unknown_backend
+    "bias",                                     // bias_size
+    "w2 (",                                     // w2_shape
+};
+static_assert(std::size(kExpectedWords) == static_cast<size_t>(Fault::count));
+
 const char* expected_words(Fault f) {
-  switch (f) {
-    case Fault::none:
-      return "";
-    case Fault::routing_experts:
-      return "routing num_experts (";
-    case Fault::routing_top_k:
-      return "routing top_k (";
-    case Fault::quantized:
-      return "fp8_e4m3_block";
-    case Fault::hidden_dtype:
-      return "hidden must be a 2-D [T, H] bf16 tensor";
-    case Fault::out_width:
-      return "out shape (";
-    case Fault::logits_width:
-      return "logits.shape[1] (";
-    case Fault::logits_rows:
-      return "logits.shape[0] (";
-    case Fault::replay_width:
-      return "replay.shape[1] (";
-    case Fault::too_many_tokens:
-      return "max_tokens (";
-    case Fault::zero_max_tokens:
-      return "max_tokens (0)";
-    case Fault::unknown_backend:
-      return "'nonexistent'";
-    case Fault::bias_size:
-      return "bias";
-    case Fault::w2_shape:
-      return "w2 (";
-    case Fault::count:
-      break;
-  }
-  return "?";
+  return kExpectedWords[static_cast<int>(f)];
 }
 
 float small_value(Bytes& in) {
