@@ -21,6 +21,7 @@
 #include "moekit/plan.h"
 #include "moekit/routing.h"
 #include "moekit/tensor.h"
+#include "routing/routing_math.h"
 
 namespace {
 
@@ -174,6 +175,56 @@ void check_plan(const Case& c, const RoutePlanView& v) {
   for (int64_t b = used / B; b < cap / B; ++b) require(v.block_experts[b] == -1, "blocks past the extent");
 }
 
+/// `a` (expert ea) is selected before `b` (expert eb) in the contract's order: the higher key, NaN below every
+/// number, equal keys (-0 == +0) to the lower id.
+bool before(float a, int ea, float b, int eb) {
+  const bool a_nan = a != a, b_nan = b != b;
+  if (a_nan != b_nan) return b_nan;
+  if (!a_nan && a != b) return a > b;
+  return ea < eb;
+}
+
+/// The routed ids of every token against the contract of include/moekit/routing.h, restated here: key = logit (or
+/// its portable sigmoid for sigmoid_grouped) + bias; groups scored by the sum of their two best keys (one for groups
+/// of one expert) and ordered like keys; the K best experts of the kept groups in descending order.
+void check_selection(const RoutingConfig& cfg, const std::vector<float>& logits, int64_t stride,
+                     const std::vector<float>& bias, const int32_t* ids, int64_t T) {
+  const int E = cfg.num_experts, K = cfg.top_k, Kt = cfg.slots();
+  const bool grouped = cfg.method == RoutingMethod::sigmoid_grouped;
+  const int size = E / cfg.n_group;
+  std::vector<float> key(static_cast<size_t>(E));
+  std::vector<int> order(static_cast<size_t>(E)), groups(static_cast<size_t>(cfg.n_group));
+  std::vector<float> score(static_cast<size_t>(cfg.n_group));
+  for (int64_t t = 0; t < T; ++t) {
+    for (int e = 0; e < E; ++e) {
+      const float l = logits[static_cast<size_t>(t * stride + e)];
+      key[e] = grouped ? routing_math::sigmoid(l) : l;
+      if (!bias.empty()) key[e] += bias[e];
+    }
+    auto by_key = [&](int a, int b) { return before(key[a], a, key[b], b); };
+    std::vector<bool> kept(static_cast<size_t>(cfg.n_group), true);
+    if (grouped && cfg.n_group > 1) {
+      for (int g = 0; g < cfg.n_group; ++g) {
+        std::vector<int> members(static_cast<size_t>(size));
+        for (int i = 0; i < size; ++i) members[i] = g * size + i;
+        std::sort(members.begin(), members.end(), by_key);
+        score[g] = size > 1 ? key[members[0]] + key[members[1]] : key[members[0]];
+        groups[g] = g;
+      }
+      std::sort(groups.begin(), groups.end(), [&](int a, int b) { return before(score[a], a, score[b], b); });
+      for (int i = 0; i < cfg.n_group; ++i) kept[groups[i]] = i < cfg.topk_group;
+    }
+    int n = 0;
+    for (int e = 0; e < E; ++e)
+      if (kept[e / size]) order[n++] = e;
+    std::sort(order.begin(), order.begin() + n, by_key);
+    for (int j = 0; j < K; ++j)
+      require(ids[t * Kt + j] == order[j], "token " + std::to_string(t) + " slot " + std::to_string(j) + ": expert " +
+                                               std::to_string(ids[t * Kt + j]) + ", the contract gives " +
+                                               std::to_string(order[j]));
+  }
+}
+
 void run_case(const Case& c, Bytes& in) {
   const RoutingConfig& cfg = c.cfg;
   const int E = std::max(cfg.num_experts, 1);
@@ -221,6 +272,16 @@ void run_case(const Case& c, Bytes& in) {
     route(cfg, logits, bias, plan, nullptr, replay);
     fuzz::accepted(fuzz::route_outcomes(), c.valid_by_contract && !negative_tokens, "");
     check_plan(c, plan.view());
+    std::vector<float> logit_values(static_cast<size_t>(T * stride)), bias_values;
+    for (size_t i = 0; i < logit_values.size(); ++i) {
+      uint16_t h;
+      if (elem == 2) std::memcpy(&h, logits_buf.data() + i * 2, 2);
+      logit_values[i] = elem == 2 ? bf16_to_float(h) : reinterpret_cast<const float*>(logits_buf.data())[i];
+    }
+    if (bias.present())
+      for (int e = 0; e < cfg.num_experts; ++e)
+        bias_values.push_back(bias.dtype == DType::bf16 ? bf16_to_float(bias_h[e]) : bias_f[e]);
+    check_selection(cfg, logit_values, c.row_stride, bias_values, plan.view().topk_ids, T);
     if (replay.present()) {
       for (int64_t t = 0; t < replay_rows; ++t)
         for (int j = 0; j < cfg.top_k; ++j) {
