@@ -9,10 +9,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <numbers>
 #include <string>
 #include <vector>
 
+#include "experts_oracle.h"
 #include "fuzz_targets.h"
 #include "moekit/dtype.h"
 #include "moekit/error.h"
@@ -107,36 +107,6 @@ std::string describe(const Case& c) {
          std::to_string(c.tokens) + ", plan K " + std::to_string(c.plan_top_k) + ")";
 }
 
-double activation(const ExpertConfig& cfg, double gate, double up) {
-  const ActivationParams& p = cfg.act;
-  switch (cfg.activation) {
-    case Activation::silu_gated:
-      return gate / (1.0 + std::exp(-gate)) * up;
-    case Activation::swiglu_clamped: {
-      const double g = std::min<double>(gate, p.limit), u = std::clamp<double>(up, -p.limit, p.limit);
-      return g / (1.0 + std::exp(-p.alpha * g)) * (u + p.beta);
-    }
-    case Activation::gelu_gated: {
-      const double k = std::sqrt(2.0 / std::numbers::pi);
-      return 0.5 * gate * (1.0 + std::tanh(k * (gate + 0.044715 * gate * gate * gate))) * up;
-    }
-  }
-  violation("unknown activation accepted");
-}
-
-/// Row of w13 holding gate (which = 0) or up (which = 1) of intermediate column i.
-int64_t w13_row(GateUpLayout layout, int64_t I, int64_t i, int which) {
-  switch (layout) {
-    case GateUpLayout::gate_first:
-      return which * I + i;
-    case GateUpLayout::up_first:
-      return (1 - which) * I + i;
-    case GateUpLayout::interleaved:
-      return 2 * i + which;
-  }
-  violation("unknown gate/up layout accepted");
-}
-
 void run_case(const Case& c, Bytes& in) {
   const ExpertConfig& cfg = c.cfg;
   const int64_t T = c.tokens;
@@ -203,58 +173,23 @@ void run_case(const Case& c, Bytes& in) {
     experts_reference(cfg, w, hidden, plan.view(), out_view, 1 + in.pick(3));
     fuzz::accepted(fuzz::experts_outcomes(), c.valid_by_contract, describe(c));
 
-    // The contract, in double: out[t] = sum_j w[t, j] * (W2 act(W13 x_t + b13) + b2) over the slots whose expert is
-    // held here. The bound on |got - want|: the output's bf16 rounding against `mag`, the size of the terms (so it
-    // survives cancellation), plus an absolute error per activation for its fp32 evaluation: a few ulp of 1 per
-    // unit of its inputs (gelu_tanh's 1 + tanh() cancels far below zero, a loss of about 1e-7 * |gate| * |up|).
-    const int local = cfg.local_experts();
-    std::vector<double> a(static_cast<size_t>(I)), a_err(static_cast<size_t>(I));
-    for (int64_t t = 0; t < T; ++t) {
-      std::vector<double> want(static_cast<size_t>(H), 0.0), bound(static_cast<size_t>(H), 0.0);
-      for (int j = 0; j < Kt; ++j) {
-        const int32_t id = v.topk_ids[t * Kt + j];
-        int64_t le = id >= E ? local + (id - E) : int64_t{id} - cfg.local_expert_offset;
-        if (id < E && (le < 0 || le >= local)) continue;  // another rank's expert
-        auto bias = [&](int kind, const std::vector<float>& f, int64_t at) {
-          return kind == 0 ? 0.0 : double{f[at]};
-        };
-        for (int64_t i = 0; i < I; ++i) {
-          double gu[2], size[2];
-          for (int which = 0; which < 2; ++which) {
-            const int64_t row = w13_row(cfg.gate_up, I, i, which);
-            double sum = bias(c.b13_kind, b13f, le * 2 * I + row), abs_sum = std::abs(sum);
-            for (int64_t k = 0; k < H; ++k) {
-              const double term =
-                  double{bf16_to_float(w13[(le * 2 * I + row) * H + k])} * bf16_to_float(x[t * H + k]);
-              sum += term;
-              abs_sum += std::abs(term);
-            }
-            gu[which] = sum;
-            size[which] = abs_sum;
-          }
-          a[i] = activation(cfg, gu[0], gu[1]);
-          const double alpha = cfg.activation == Activation::swiglu_clamped ? std::abs(double{cfg.act.alpha}) : 0.0;
-          a_err[i] = 1e-6 * (1.0 + size[0]) * (1.0 + size[1]) * (1.0 + alpha);
-        }
-        const double wt = v.topk_weights[t * Kt + j];
-        for (int64_t h = 0; h < H; ++h) {
-          double y = bias(c.b2_kind, b2f, le * H + h), mag = std::abs(y), err = 0.0;
-          for (int64_t i = 0; i < I; ++i) {
-            const double w = bf16_to_float(w2[(le * H + h) * I + i]);
-            y += w * a[i];
-            mag += std::abs(w * a[i]);
-            err += std::abs(w) * a_err[i];
-          }
-          want[h] += wt * y;
-          bound[h] += std::abs(wt) * (4e-3 * mag + err);
-        }
-      }
-      for (int64_t h = 0; h < H; ++h) {
-        const double got = bf16_to_float(out[t * H + h]);
-        require(std::abs(got - want[h]) <= bound[h] + 1e-30,
-                "out[" + std::to_string(t) + ", " + std::to_string(h) + "] = " + std::to_string(got) +
-                    ", the contract gives " + std::to_string(want[h]) + describe(c));
-      }
+    // The contract in double (experts_oracle.h); the biases as the fp32 values the views hold.
+    std::vector<double> want, bound;
+    const fuzz::ContractCall call{.cfg = &cfg,
+                                  .w13 = w13.data(),
+                                  .w2 = w2.data(),
+                                  .b13 = c.b13_kind == 0 ? nullptr : b13f.data(),
+                                  .b2 = c.b2_kind == 0 ? nullptr : b2f.data(),
+                                  .x = x.data(),
+                                  .ids = v.topk_ids,
+                                  .weights = v.topk_weights,
+                                  .tokens = T};
+    fuzz::contract_output(call, 4e-3, want, bound);
+    for (int64_t i = 0; i < T * H; ++i) {
+      const double got = bf16_to_float(out[i]);
+      require(std::abs(got - want[i]) <= bound[i] + 1e-30,
+              "out[" + std::to_string(i / H) + ", " + std::to_string(i % H) + "] = " + std::to_string(got) +
+                  ", the contract gives " + std::to_string(want[i]) + describe(c));
     }
   } catch (const InvalidArgument& e) {
     fuzz::rejected(fuzz::experts_outcomes(), c.valid_by_contract, e.what(), describe(c));
