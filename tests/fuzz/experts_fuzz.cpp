@@ -25,7 +25,6 @@ namespace {
 using namespace moekit;
 using fuzz::Bytes;
 using fuzz::require;
-using fuzz::violation;
 
 float small_value(Bytes& in) {
   static const float kValues[] = {0.0f,  0.5f,   -0.5f, 1.0f,  -1.0f, 2.0f, -2.0f,

@@ -23,6 +23,13 @@ inline Outcomes& layer_outcomes() {
   return outcomes;
 }
 
+/// moekit::ep_simulate() (ep_fuzz.cpp).
+void ep_input(const uint8_t* data, size_t size);
+inline Outcomes& ep_outcomes() {
+  static Outcomes outcomes;
+  return outcomes;
+}
+
 /// moekit::experts_reference() (experts_fuzz.cpp).
 void experts_input(const uint8_t* data, size_t size);
 inline Outcomes& experts_outcomes() {

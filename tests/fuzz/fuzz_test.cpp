@@ -32,6 +32,10 @@ TEST(Fuzz, LayerOnRandomInputs) {
   run_random_inputs(moekit::fuzz::layer_input, moekit::fuzz::layer_outcomes(), 1500, 4096, 20261206);
 }
 
+TEST(Fuzz, ExpertParallelOnRandomInputs) {
+  run_random_inputs(moekit::fuzz::ep_input, moekit::fuzz::ep_outcomes(), 1500, 4096, 20261207);
+}
+
 TEST(Fuzz, ExpertsOnRandomInputs) {
   run_random_inputs(moekit::fuzz::experts_input, moekit::fuzz::experts_outcomes(), 1500, 4096, 20261205);
 }
