@@ -100,7 +100,7 @@ void run_case(Bytes& in) {
 
   try {
     ep_simulate(args, ranks);
-    fuzz::accepted(fuzz::ep_outcomes(), !unequal, " (unequal token counts)");
+    fuzz::accepted(fuzz::outcomes(fuzz::Target::ep), !unequal, " (unequal token counts)");
 
     // The whole layer on one rank: every token routed at once, then the contract.
     RoutePlan plan({.max_tokens = std::max<int64_t>(N, 1),
@@ -132,7 +132,7 @@ void run_case(Bytes& in) {
                     ", K " + std::to_string(routing.top_k) + ", S " + std::to_string(S) + ")");
       }
   } catch (const InvalidArgument& e) {
-    fuzz::rejected(fuzz::ep_outcomes(), !unequal, e.what(), "");
+    fuzz::rejected(fuzz::outcomes(fuzz::Target::ep), !unequal, e.what(), "");
   }
 }
 

@@ -170,7 +170,7 @@ void run_case(const Case& c, Bytes& in) {
     build_plan_reference(T, v);
 
     experts_reference(cfg, w, hidden, plan.view(), out_view, 1 + in.pick(3));
-    fuzz::accepted(fuzz::experts_outcomes(), c.valid_by_contract, describe(c));
+    fuzz::accepted(fuzz::outcomes(fuzz::Target::experts), c.valid_by_contract, describe(c));
 
     // The contract in double (experts_oracle.h); the biases as the fp32 values the views hold.
     std::vector<double> want, bound;
@@ -191,7 +191,7 @@ void run_case(const Case& c, Bytes& in) {
                   ", the contract gives " + std::to_string(want[i]) + describe(c));
     }
   } catch (const InvalidArgument& e) {
-    fuzz::rejected(fuzz::experts_outcomes(), c.valid_by_contract, e.what(), describe(c));
+    fuzz::rejected(fuzz::outcomes(fuzz::Target::experts), c.valid_by_contract, e.what(), describe(c));
   }
 }
 

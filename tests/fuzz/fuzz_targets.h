@@ -9,33 +9,17 @@
 
 namespace moekit::fuzz {
 
-/// moekit::route() on the CPU backend (route_fuzz.cpp).
-void route_input(const uint8_t* data, size_t size);
-inline Outcomes& route_outcomes() {
-  static Outcomes outcomes;
-  return outcomes;
+/// The targets, and where each keeps its outcome counts.
+enum class Target { route, experts, layer, ep, count };
+inline Outcomes& outcomes(Target t) {
+  static Outcomes all[static_cast<int>(Target::count)];
+  return all[static_cast<int>(t)];
 }
 
-/// moekit::MoELayer on the reference runner (layer_fuzz.cpp).
-void layer_input(const uint8_t* data, size_t size);
-inline Outcomes& layer_outcomes() {
-  static Outcomes outcomes;
-  return outcomes;
-}
-
-/// moekit::ep_simulate() (ep_fuzz.cpp).
-void ep_input(const uint8_t* data, size_t size);
-inline Outcomes& ep_outcomes() {
-  static Outcomes outcomes;
-  return outcomes;
-}
-
-/// moekit::experts_reference() (experts_fuzz.cpp).
-void experts_input(const uint8_t* data, size_t size);
-inline Outcomes& experts_outcomes() {
-  static Outcomes outcomes;
-  return outcomes;
-}
+void route_input(const uint8_t* data, size_t size);    // moekit::route() on the CPU backend (route_fuzz.cpp)
+void experts_input(const uint8_t* data, size_t size);  // moekit::experts_reference() (experts_fuzz.cpp)
+void layer_input(const uint8_t* data, size_t size);    // moekit::MoELayer on the reference runner (layer_fuzz.cpp)
+void ep_input(const uint8_t* data, size_t size);       // moekit::ep_simulate() (ep_fuzz.cpp)
 
 }  // namespace moekit::fuzz
 

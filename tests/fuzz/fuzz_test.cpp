@@ -25,19 +25,22 @@ void run_random_inputs(void (*target)(const uint8_t*, size_t), const moekit::fuz
 }
 
 TEST(Fuzz, RouteOnRandomInputs) {
-  run_random_inputs(moekit::fuzz::route_input, moekit::fuzz::route_outcomes(), 3000, 2048, 20261204);
+  run_random_inputs(moekit::fuzz::route_input, moekit::fuzz::outcomes(moekit::fuzz::Target::route), 3000, 2048,
+                    20261204);
 }
 
 TEST(Fuzz, LayerOnRandomInputs) {
-  run_random_inputs(moekit::fuzz::layer_input, moekit::fuzz::layer_outcomes(), 1500, 4096, 20261206);
+  run_random_inputs(moekit::fuzz::layer_input, moekit::fuzz::outcomes(moekit::fuzz::Target::layer), 1500, 4096,
+                    20261206);
 }
 
 TEST(Fuzz, ExpertParallelOnRandomInputs) {
-  run_random_inputs(moekit::fuzz::ep_input, moekit::fuzz::ep_outcomes(), 1500, 4096, 20261207);
+  run_random_inputs(moekit::fuzz::ep_input, moekit::fuzz::outcomes(moekit::fuzz::Target::ep), 1500, 4096, 20261207);
 }
 
 TEST(Fuzz, ExpertsOnRandomInputs) {
-  run_random_inputs(moekit::fuzz::experts_input, moekit::fuzz::experts_outcomes(), 1500, 4096, 20261205);
+  run_random_inputs(moekit::fuzz::experts_input, moekit::fuzz::outcomes(moekit::fuzz::Target::experts), 1500, 4096,
+                    20261205);
 }
 
 }  // namespace

@@ -147,7 +147,8 @@ void run_case(Bytes& in) {
   try {
     MoELayer layer(experts, routing, quant, weights, options);
     layer.forward(hidden_view, logits_view, out_view, nullptr, replay_view);
-    fuzz::accepted(fuzz::layer_outcomes(), !faulty, " (fault " + std::to_string(static_cast<int>(fault)) + ")");
+    fuzz::accepted(fuzz::outcomes(fuzz::Target::layer), !faulty,
+                   " (fault " + std::to_string(static_cast<int>(fault)) + ")");
 
     // The same call by its parts: route() into a CPU plan, then experts_reference().
     RoutePlan plan(
@@ -171,9 +172,9 @@ void run_case(Bytes& in) {
     require(what.find(expected_words(fault)) != std::string::npos,
             "the error of fault " + std::to_string(static_cast<int>(fault)) + " does not name it: " + what);
     if (not_supported) {
-      ++fuzz::layer_outcomes().rejected;
+      ++fuzz::outcomes(fuzz::Target::layer).rejected;
     } else {
-      fuzz::rejected(fuzz::layer_outcomes(), !faulty, what, "");
+      fuzz::rejected(fuzz::outcomes(fuzz::Target::layer), !faulty, what, "");
     }
   }
 }

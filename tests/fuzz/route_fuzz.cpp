@@ -270,7 +270,7 @@ void run_case(const Case& c, Bytes& in) {
                                       {replay_rows, cfg.top_k + (c.replay_kind == 3 ? 1 : 0)});
     RoutePlan plan(c.shape, Device::cpu());
     route(cfg, logits, bias, plan, nullptr, replay);
-    fuzz::accepted(fuzz::route_outcomes(), c.valid_by_contract && !negative_tokens, "");
+    fuzz::accepted(fuzz::outcomes(fuzz::Target::route), c.valid_by_contract && !negative_tokens, "");
     check_plan(c, plan.view());
     std::vector<float> logit_values(static_cast<size_t>(T * stride)), bias_values;
     for (size_t i = 0; i < logit_values.size(); ++i) {
@@ -296,7 +296,7 @@ void run_case(const Case& c, Bytes& in) {
     if (c.valid_by_contract && negative_tokens)
       require(what.find("logits.shape[0] (") != std::string::npos,
               "a negative T rejected for another reason: " + what);
-    fuzz::rejected(fuzz::route_outcomes(), c.valid_by_contract && !negative_tokens, what, "");
+    fuzz::rejected(fuzz::outcomes(fuzz::Target::route), c.valid_by_contract && !negative_tokens, what, "");
   }
 }
 
