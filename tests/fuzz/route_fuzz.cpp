@@ -225,6 +225,59 @@ void check_selection(const RoutingConfig& cfg, const std::vector<float>& logits,
   }
 }
 
+/// The routed weights of every token whose logits are all in [-80, 80] (the header's formulas say nothing finer about
+/// infinities and NaN), against the contract's table computed in double: softmax over all E (softmax_topk) or over
+/// the K selected (topk_softmax), the sigmoid (sigmoid_grouped, llama4) or the score (pre_scored); renormalized over
+/// the K when asked and the sum is non-zero (not topk_softmax, not llama4); times routed_scaling_factor.
+void check_weights(const RoutingConfig& cfg, const std::vector<float>& logits, int64_t stride, const int32_t* ids,
+                   const float* weights, int64_t T) {
+  const int E = cfg.num_experts, K = cfg.top_k, Kt = cfg.slots();
+  std::vector<double> w(static_cast<size_t>(K));
+  for (int64_t t = 0; t < T; ++t) {
+    const float* row = logits.data() + t * stride;
+    if (!std::all_of(row, row + E, [](float l) { return l >= -80.0f && l <= 80.0f; })) continue;
+    double max = row[0], all = 0.0, selected = 0.0, abs_sum = 0.0;
+    for (int e = 0; e < E; ++e) max = std::max(max, double{row[e]});
+    for (int e = 0; e < E; ++e) all += std::exp(row[e] - max);
+    for (int j = 0; j < K; ++j) selected += std::exp(row[ids[t * Kt + j]] - max);
+    for (int j = 0; j < K; ++j) {
+      const double l = row[ids[t * Kt + j]];
+      switch (cfg.method) {
+        case RoutingMethod::softmax_topk:
+          w[j] = std::exp(l - max) / all;
+          break;
+        case RoutingMethod::topk_softmax:
+          w[j] = std::exp(l - max) / selected;
+          break;
+        case RoutingMethod::sigmoid_grouped:
+        case RoutingMethod::llama4:
+          w[j] = 1.0 / (1.0 + std::exp(-l));
+          break;
+        case RoutingMethod::pre_scored:
+          w[j] = l;
+          break;
+      }
+    }
+    double sum = 0.0;
+    for (int j = 0; j < K; ++j) {
+      sum += w[j];
+      abs_sum += std::abs(w[j]);
+    }
+    const bool renormalize = cfg.renormalize && cfg.method != RoutingMethod::topk_softmax &&
+                             cfg.method != RoutingMethod::llama4 && sum != 0.0;
+    // A renormalized sum that cancels (pre_scored's signed scores) magnifies fp32 rounding without bound: skipped.
+    if (renormalize && std::abs(sum) < 0.25 * abs_sum) continue;
+    for (int j = 0; j < K; ++j) {
+      const double want = (renormalize ? w[j] / sum : w[j]) * cfg.routed_scaling_factor;
+      const double got = weights[t * Kt + j];
+      require(std::abs(got - want) <= 2e-5 * std::abs(want) + 1e-6 * cfg.routed_scaling_factor * (1.0 + abs_sum),
+              "token " + std::to_string(t) + " slot " + std::to_string(j) + ": weight " + std::to_string(got) +
+                  ", the contract gives " + std::to_string(want) + " (method " +
+                  std::to_string(static_cast<int>(cfg.method)) + ")");
+    }
+  }
+}
+
 void run_case(const Case& c, Bytes& in) {
   const RoutingConfig& cfg = c.cfg;
   const int E = std::max(cfg.num_experts, 1);
@@ -282,6 +335,7 @@ void run_case(const Case& c, Bytes& in) {
       for (int e = 0; e < cfg.num_experts; ++e)
         bias_values.push_back(bias.dtype == DType::bf16 ? bf16_to_float(bias_h[e]) : bias_f[e]);
     check_selection(cfg, logit_values, c.row_stride, bias_values, plan.view().topk_ids, T);
+    check_weights(cfg, logit_values, c.row_stride, plan.view().topk_ids, plan.view().topk_weights, T);
     if (replay.present()) {
       for (int64_t t = 0; t < replay_rows; ++t)
         for (int j = 0; j < cfg.top_k; ++j) {
