@@ -40,8 +40,8 @@ inline GateUpRows gate_up_rows(GateUpLayout layout, int64_t i, int64_t inter) {
   return {i, inter + i};
 }
 
-/// experts_reference processing at most `chunk_tokens` (>= 1) tokens at a time; experts_reference picks the chunk
-/// that bounds its fp32 scratch to about 128 MiB. The result does not depend on the chunk size.
+/// experts_reference processing at most `chunk_tokens` tokens at a time, or (0) as many as keep its fp32 scratch
+/// to about 128 MiB, which is what experts_reference does. The result does not depend on the chunk size.
 void experts_reference_chunked(const ExpertConfig& cfg, const ExpertWeights& weights, const TensorView& hidden,
                                const RoutePlanView& plan, const TensorView& out, int threads, int64_t chunk_tokens);
 

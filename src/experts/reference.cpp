@@ -168,6 +168,10 @@ void experts_reference_chunked(const ExpertConfig& cfg, const ExpertWeights& wei
   };
 
   // Scratch for one chunk of tokens, allocated once per call.
+  if (chunk_tokens <= 0) {  // the sizes are validated: no overflow
+    const int64_t per_token = H + int64_t{cfg.top_k + cfg.num_shared_experts} * (I + H);
+    chunk_tokens = std::max<int64_t>(1, kScratchFloats / per_token);
+  }
   const int64_t chunk = std::clamp<int64_t>(chunk_tokens, 1, tokens);
   std::vector<float> xf(chunk * H);           // [chunk, H] hidden rows in fp32
   std::vector<float> act(chunk * slots * I);  // [rows, I] activations, rows grouped by expert
@@ -267,11 +271,7 @@ void experts_reference_chunked(const ExpertConfig& cfg, const ExpertWeights& wei
 
 void experts_reference(const ExpertConfig& cfg, const ExpertWeights& weights, const TensorView& hidden,
                        const RoutePlanView& plan, const TensorView& out, int threads) {
-  cfg.validate();  // first: the sizes below must be in range
-  const int64_t per_token =
-      int64_t{cfg.hidden} + int64_t{cfg.top_k + cfg.num_shared_experts} * (int64_t{cfg.intermediate} + cfg.hidden);
-  detail::experts_reference_chunked(cfg, weights, hidden, plan, out, threads,
-                                    std::max<int64_t>(1, kScratchFloats / std::max<int64_t>(1, per_token)));
+  detail::experts_reference_chunked(cfg, weights, hidden, plan, out, threads, 0);
 }
 
 }  // namespace moekit
