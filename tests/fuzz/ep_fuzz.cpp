@@ -25,11 +25,7 @@ namespace {
 using namespace moekit;
 using fuzz::Bytes;
 using fuzz::require;
-
-float small_value(Bytes& in) {
-  static const float kValues[] = {0.0f, 0.5f, -0.5f, 1.0f, -1.0f, 2.0f, -2.0f, 0.25f, -0.25f, 1.5f, -3.0f, 3.0f};
-  return kValues[in.pick(sizeof(kValues) / sizeof(kValues[0]))];
-}
+using fuzz::small_value;
 
 void run_case(Bytes& in) {
   static const int kExperts[] = {1, 2, 3, 4, 5, 6, 8, 12, 32, 33};
@@ -50,11 +46,7 @@ void run_case(Bytes& in) {
   const int64_t T = in.pick(6), N = W * T;
   const bool expert_biases = in.chance(40), routing_bias = in.chance(40), unequal = W > 1 && in.chance(20);
 
-  auto values = [&](int64_t n) {
-    std::vector<uint16_t> v(static_cast<size_t>(std::max<int64_t>(n, 1)));
-    for (uint16_t& x : v) x = float_to_bf16(small_value(in));
-    return v;
-  };
+  auto values = [&](int64_t n) { return fuzz::bf16_values(in, n); };
   const int64_t row13 = 2 * int64_t{I} * H, row2 = int64_t{H} * I;
   std::vector<uint16_t> w13 = values(G * row13), w2 = values(G * row2), x = values((N + 1) * H);
   std::vector<uint16_t> b13 = values(int64_t{G} * 2 * I), b2 = values(int64_t{G} * H);

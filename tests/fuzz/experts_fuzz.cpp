@@ -25,12 +25,7 @@ namespace {
 using namespace moekit;
 using fuzz::Bytes;
 using fuzz::require;
-
-float small_value(Bytes& in) {
-  static const float kValues[] = {0.0f,  0.5f,   -0.5f, 1.0f,  -1.0f, 2.0f, -2.0f,
-                                  0.25f, -0.25f, 1.5f,  -1.5f, 3.0f,  -3.0f};
-  return kValues[in.pick(sizeof(kValues) / sizeof(kValues[0]))];
-}
+using fuzz::small_value;
 
 struct Case {
   ExpertConfig cfg;
@@ -113,16 +108,10 @@ void run_case(const Case& c, Bytes& in) {
   const int64_t Ew = std::clamp<int64_t>(int64_t{cfg.local_experts()} + std::clamp(cfg.num_shared_experts, 0, 2), 0,
                                          kMaxExperts + 3);  // E' of a valid config
   // Buffers hold what the correct views describe; a wrong view is smaller or of another dtype, never larger.
-  auto fill_bf16 = [&](std::vector<uint16_t>& v, int64_t n) {
-    v.resize(static_cast<size_t>(std::max<int64_t>(n, 1)));
-    for (uint16_t& x : v) x = float_to_bf16(small_value(in));
-  };
-  std::vector<uint16_t> w13, w2, x, b13h, b2h;
-  fill_bf16(w13, Ew * 2 * I * H);
-  fill_bf16(w2, Ew * H * I);
-  fill_bf16(x, T * H);
-  fill_bf16(b13h, Ew * 2 * I);
-  fill_bf16(b2h, Ew * H);
+  // Buffers hold what the correct views describe; a wrong view is smaller or of another dtype, never larger.
+  std::vector<uint16_t> w13 = fuzz::bf16_values(in, Ew * 2 * I * H), w2 = fuzz::bf16_values(in, Ew * H * I);
+  std::vector<uint16_t> x = fuzz::bf16_values(in, T * H);
+  std::vector<uint16_t> b13h = fuzz::bf16_values(in, Ew * 2 * I), b2h = fuzz::bf16_values(in, Ew * H);
   std::vector<float> b13f(b13h.size()), b2f(b2h.size());
   for (size_t i = 0; i < b13h.size(); ++i) b13f[i] = bf16_to_float(b13h[i]);
   for (size_t i = 0; i < b2h.size(); ++i) b2f[i] = bf16_to_float(b2h[i]);

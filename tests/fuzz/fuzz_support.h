@@ -6,6 +6,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <vector>
+
+#include "moekit/dtype.h"
 
 namespace moekit::fuzz {
 
@@ -29,6 +32,21 @@ class Bytes {
   size_t size_;
   size_t at_ = 0;
 };
+
+/// Small dyadic values (exact in bf16, and sums of their products stay exact in fp32 for the sizes fuzzed), with
+/// zeros and repeats for ties.
+inline float small_value(Bytes& in) {
+  static const float kValues[] = {0.0f,  0.5f,   -0.5f, 1.0f,  -1.0f, 2.0f, -2.0f,
+                                  0.25f, -0.25f, 1.5f,  -1.5f, 3.0f,  -3.0f};
+  return kValues[in.pick(sizeof(kValues) / sizeof(kValues[0]))];
+}
+
+/// `n` (at least one) small values as bf16 bits.
+inline std::vector<uint16_t> bf16_values(Bytes& in, int64_t n) {
+  std::vector<uint16_t> v(static_cast<size_t>(n > 1 ? n : 1));
+  for (uint16_t& x : v) x = float_to_bf16(small_value(in));
+  return v;
+}
 
 /// A broken property: printed, then the process aborts (libFuzzer keeps the input, ctest reports the crash).
 [[noreturn]] inline void violation(const std::string& what) {

@@ -24,6 +24,7 @@ namespace {
 using namespace moekit;
 using fuzz::Bytes;
 using fuzz::require;
+using fuzz::small_value;
 
 enum class Fault {
   none,
@@ -66,11 +67,6 @@ const char* expected_words(Fault f) {
   return kExpectedWords[static_cast<int>(f)];
 }
 
-float small_value(Bytes& in) {
-  static const float kValues[] = {0.0f, 0.5f, -0.5f, 1.0f, -1.0f, 2.0f, -2.0f, 0.25f, -0.25f, 1.5f, -3.0f};
-  return kValues[in.pick(sizeof(kValues) / sizeof(kValues[0]))];
-}
-
 void run_case(Bytes& in) {
   const Fault fault =
       in.chance(70) ? Fault::none : static_cast<Fault>(1 + in.pick(static_cast<int>(Fault::count) - 1));
@@ -99,11 +95,7 @@ void run_case(Bytes& in) {
   const int Ew = E + S;
   const int64_t max_tokens = 1 + in.pick(12);
   const int64_t T = fault == Fault::too_many_tokens ? max_tokens + 1 : in.pick(static_cast<int>(max_tokens) + 1);
-  auto values = [&](int64_t n) {
-    std::vector<uint16_t> v(static_cast<size_t>(std::max<int64_t>(n, 1)));
-    for (uint16_t& x : v) x = float_to_bf16(small_value(in));
-    return v;
-  };
+  auto values = [&](int64_t n) { return fuzz::bf16_values(in, n); };
   std::vector<uint16_t> w13 = values(int64_t{Ew} * 2 * I * H), w2 = values(int64_t{Ew} * H * I);
   std::vector<uint16_t> b13 = values(int64_t{Ew} * 2 * I), b2 = values(int64_t{Ew} * H);
   std::vector<uint16_t> bias = values(E + 1);
