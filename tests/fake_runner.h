@@ -15,8 +15,9 @@ namespace moekit::testing {
 struct FakeRunnerConfig {
   std::string name = "fake";
   std::string version = "1";
-  int n1 = 3;  // GEMM1 tactics g1_0, g1_1, ...
-  int n2 = 3;  // GEMM2 tactics g2_0, ...
+  int n1 = 3;                       // GEMM1 tactics g1_0, g1_1, ...
+  int n2 = 3;                       // GEMM2 tactics g2_0, ...
+  std::vector<std::string> names1;  // set: the GEMM1 tactics' names instead (n1 is then ignored)
   TacticPair default_pair{0, 0};
   std::function<TacticPair(int64_t)> default_for;  // set: the default pair for T (else default_pair for every T)
   std::function<double(TacticPair)> cost = [](TacticPair p) { return 1.0 + p.gemm1 + p.gemm2; };
@@ -27,6 +28,8 @@ class FakeRunner final : public Runner {
  public:
   explicit FakeRunner(FakeRunnerConfig cfg = {}) : cfg_(std::move(cfg)) {
     for (int i = 0; i < cfg_.n1; ++i) t1_.push_back({"g1_" + std::to_string(i), "fake GEMM1 tactic"});
+    if (!cfg_.names1.empty()) t1_.clear();
+    for (const std::string& n : cfg_.names1) t1_.push_back({n, "fake GEMM1 tactic"});
     for (int j = 0; j < cfg_.n2; ++j) t2_.push_back({"g2_" + std::to_string(j), "fake GEMM2 tactic"});
   }
 

@@ -1,6 +1,7 @@
 // Runtime: the runner lifecycle and its error messages, the registry and backend selection, config validation in
 // MoELayer, tactic choice and tuning scopes in forward(), and MoELayer on the reference runner against a direct
 // computation of the layer written out in this file.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -105,6 +106,28 @@ TEST(Lifecycle, BuildAfterAFailedCheckIsNotSupported) {
             "moekit::layer: runner 'fake': build() called after check_support() failed (needs a GPU)");
   EXPECT_EQ(error_of<NotSupported>([&] { r.build_synthetic(8); }),
             "moekit::layer: runner 'fake': build_synthetic() called after check_support() failed (needs a GPU)");
+}
+
+TEST(Lifecycle, TacticNamesMustBeDistinctAndTimingsPositive) {
+  // The tuning cache stores tactics by name: a runner whose names are empty or repeated is a runner bug.
+  FakeRunner unnamed({.names1 = {"a", ""}});
+  EXPECT_EQ(error_of<Internal>([&] { unnamed.check_support(small_spec(), Device::cpu()); }),
+            "moekit::layer: runner 'fake': GEMM1 tactic 1 has no name");
+  FakeRunner repeated({.names1 = {"a", "b", "a"}});
+  EXPECT_EQ(error_of<Internal>([&] { repeated.check_support(small_spec(), Device::cpu()); }),
+            "moekit::layer: runner 'fake': GEMM1 tactics 0 and 2 share the name 'a'");
+  // A timing the tuner cannot compare or persist is the runner's error, not a result.
+  for (double bad : {0.0, -1.0, std::nan("")}) {
+    FakeRunner r({.cost = [bad](TacticPair) { return bad; }});
+    ASSERT_TRUE(r.check_support(small_spec(), Device::cpu()).ok);
+    r.build_synthetic(8);
+    EXPECT_EQ(error_of<Internal>([&] {
+                r.time_tactics({1, 2}, 4);
+              }),
+              fmt::format("moekit::layer: runner 'fake': timing tactics (1, 2) on 4 tokens gave {} seconds, which "
+                          "must be finite and > 0",
+                          bad));
+  }
 }
 
 TEST(Lifecycle, ReferenceRunnerNamesItself) {

@@ -5,8 +5,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "fake_runner.h"
@@ -27,6 +30,17 @@ using testing::temp_dir;
 using testing::test_metadata;
 using testing::write_all;
 namespace fs = std::filesystem;
+
+// The message of the InvalidArgument `f` throws ("" when it throws none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
 
 // ---- persisted cache
 // -----------------------------------------------------------------------------------------------
@@ -212,7 +226,7 @@ TEST(TuningCache, TwoProcessesSavingAtOnceKeepEveryEntry) {
       try {
         Autotuner tuner(test_metadata());  // a fresh tuner per process, as two `moekit tune` runs would have
         for (int i = 0; i < kSaves; ++i) {
-          tuner.insert(fmt::format("child{}-{}", c, i), {"g1_0", "g2_0", {"g1_0"}, {"g2_0"}, 1.0 * i, 1.0, 1});
+          tuner.insert(fmt::format("child{}-{}", c, i), {"g1_0", "g2_0", {"g1_0"}, {"g2_0"}, 1.0 + i, 1.0, 1});
           tuner.save(path);
         }
       } catch (...) {
@@ -231,6 +245,96 @@ TEST(TuningCache, TwoProcessesSavingAtOnceKeepEveryEntry) {
   EXPECT_EQ(file.entries.size(), 2u * kSaves);
   for (int c = 0; c < 2; ++c)
     for (int i = 0; i < kSaves; ++i) EXPECT_EQ(file.entries.count(fmt::format("child{}-{}", c, i)), 1u);
+  fs::remove_all(dir);
+}
+
+// Whatever insert() accepts, save() writes and read_file() reads back: an entry a file cannot hold (an empty name,
+// a time that is not finite and positive, tokens out of range) is rejected where it comes in.
+TEST(TuningCache, InsertRejectsWhatAFileCannotHold) {
+  const TuningEntry good{"g1_0", "g2_0", {"g1_0"}, {"g2_0"}, 1.0, 2.0, 8};
+  EXPECT_EQ(good.problem(), "");
+  const std::string not_utf8 = "g1_\xff";
+  const std::vector<std::pair<std::function<void(TuningEntry&)>, std::string>> broken = {
+      {[](TuningEntry& e) { e.gemm1 = ""; }, "gemm1 must not be empty"},
+      {[&](TuningEntry& e) { e.gemm2 = not_utf8; }, "gemm2 must be valid UTF-8"},
+      {[](TuningEntry& e) { e.gemm1_shortlist.clear(); }, "gemm1_shortlist must not be empty"},
+      {[](TuningEntry& e) { e.gemm2_shortlist.push_back(""); }, "gemm2_shortlist[1] must not be empty"},
+      {[](TuningEntry& e) { e.seconds = 0; }, "seconds (0) must be finite and > 0"},
+      {[](TuningEntry& e) { e.seconds = std::nan(""); }, "seconds (nan) must be finite and > 0"},
+      {[](TuningEntry& e) { e.default_seconds = -1; }, "default_seconds (-1) must be finite and > 0"},
+      {[](TuningEntry& e) { e.default_seconds = HUGE_VAL; }, "default_seconds (inf) must be finite and > 0"},
+      {[](TuningEntry& e) { e.tokens = 0; }, "tokens (0) must be in [1, 2147483647]"},
+      {[](TuningEntry& e) { e.tokens = kMaxTunedTokens + 1; }, "tokens (2147483648) must be in [1, 2147483647]"},
+      {[](TuningEntry& e) { e.routing = ""; }, "routing ('') must be \"synthetic\" or \"given\""},
+  };
+  Autotuner tuner(test_metadata());
+  for (const auto& [mutate, problem] : broken) {
+    TuningEntry e = good;
+    mutate(e);
+    EXPECT_EQ(e.problem(), problem);
+    EXPECT_EQ(error_of([&] { tuner.insert("k", e); }), "moekit::tuner: entry 'k'." + problem);
+  }
+  EXPECT_EQ(error_of([&] { tuner.insert("", good); }), "moekit::tuner: an entry's key must not be empty");
+  EXPECT_EQ(error_of([&] { tuner.insert(not_utf8, good); }), "moekit::tuner: an entry's key must be valid UTF-8");
+  EXPECT_EQ(tuner.size(), 0u);
+  EXPECT_EQ(error_of([] {
+              Autotuner t({"0.1.0", "GPU \xc3", 132, 12080});
+            }),
+            "moekit::tuner: metadata.device_name must be valid UTF-8");
+  // The limits themselves are accepted, and survive the round trip.
+  TuningEntry edge = good;
+  edge.tokens = kMaxTunedTokens;
+  edge.seconds = 1e-300;
+  edge.routing = "given";
+  tuner.insert("k \xc3\xa9", edge);
+  const fs::path dir = temp_dir();
+  tuner.save(dir / "cache.json");
+  EXPECT_EQ(Autotuner::read_file(dir / "cache.json").entries, tuner.entries());
+  fs::remove_all(dir);
+}
+
+// A file's values outside what the fields hold are named, never wrapped or taken: a JSON integer past int64 (read
+// as -1 before), sm_count past int (4294967428 would have matched 132 SMs), a time of 0, an empty key.
+TEST(TuningCache, FileValuesOutsideTheirRangesAreNamed) {
+  const fs::path dir = temp_dir();
+  const fs::path path = dir / "cache.json";
+  const std::string text = R"({"format": "moekit-tuning-cache", "format_version": VERSION,
+    "metadata": {"library_version": "0.1.0", "device_name": "Test GPU", "sm_count": SMS, "cuda_version": 12080},
+    "entries": {"KEY": {"gemm1": "g1_0", "gemm2": "g2_0", "gemm1_shortlist": ["g1_0"], "gemm2_shortlist": ["g2_0"],
+                        "seconds": SECONDS, "default_seconds": 1.0, "tokens": TOKENS}}})";
+  auto with = [&](std::string field, std::string value) {
+    std::string t = text;
+    for (const auto& [f, v] : {std::pair<std::string, std::string>{"VERSION", "1"},
+                               {"SMS", "132"},
+                               {"KEY", "k"},
+                               {"SECONDS", "0.5"},
+                               {"TOKENS", "8"}})
+      t.replace(t.find(f), f.size(), f == field ? value : v);
+    return t;
+  };
+  write_all(path, with("", ""));
+  EXPECT_EQ(Autotuner::read_file(path).entries.at("k").seconds, 0.5);
+  const std::string prefix = "moekit::tuner: cache file '" + path.string() + "' ";
+  const std::vector<std::tuple<std::string, std::string, std::string>> cases = {
+      {"VERSION", "18446744073709551615",
+       "is not a valid tuning cache: the top level.format_version (18446744073709551615) must be in "
+       "[-9223372036854775808, 9223372036854775807]"},
+      {"SMS", "4294967428",
+       "is not a valid tuning cache: metadata.sm_count (4294967428) must be in [-2147483648, "
+       "2147483647]"},
+      {"TOKENS", "18446744073709551615",
+       "is not a valid tuning cache: entry 'k'.tokens (18446744073709551615) must be in [-9223372036854775808, "
+       "9223372036854775807]"},
+      {"TOKENS", "0", "is not a valid tuning cache: entry 'k'.tokens (0) must be in [1, 2147483647]"},
+      {"SECONDS", "0", "is not a valid tuning cache: entry 'k'.seconds (0) must be finite and > 0"},
+      {"SECONDS", "1e400", "is not valid JSON: "},
+      {"KEY", "", "is not a valid tuning cache: an entry's key must not be empty"},
+  };
+  for (const auto& [field, value, message] : cases) {
+    write_all(path, with(field, value));
+    const std::string what = error_of([&] { Autotuner::read_file(path); });
+    EXPECT_EQ(what.substr(0, prefix.size() + message.size()), prefix + message) << field << " = " << value;
+  }
   fs::remove_all(dir);
 }
 

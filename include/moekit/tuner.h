@@ -75,6 +75,10 @@ struct CacheMetadata {
   static CacheMetadata current();
   /// "" when equal, else the first differing field, e.g. "device_name ('NVIDIA H100' vs 'NVIDIA H200')".
   std::string mismatch(const CacheMetadata& other) const;
+
+  /// "" when a cache file can hold this metadata, else the first broken rule: library_version and device_name must
+  /// be valid UTF-8 (JSON text), e.g. "device_name must be valid UTF-8". Autotuner's constructor checks it.
+  std::string problem() const;
 };
 
 /// What the tuner learned for one key: the winner, the staged shortlists (best first, at most 2 each) so a later
@@ -91,6 +95,12 @@ struct TuningEntry {
   // written without the field reads as "synthetic".
   std::string routing = "synthetic";
   friend bool operator==(const TuningEntry&, const TuningEntry&) = default;
+
+  /// "" when the entry can be cached and persisted, else the first broken rule, starting with the field's name,
+  /// e.g. "seconds (0) must be finite and > 0". The rules: gemm1, gemm2 and every shortlist name are non-empty
+  /// valid UTF-8; both shortlists are non-empty; seconds and default_seconds are finite and > 0; 1 <= tokens <=
+  /// kMaxTunedTokens; routing is "synthetic" or "given". Autotuner::insert() and the cache file reader check it.
+  std::string problem() const;
 };
 
 /// A persisted cache file's contents.
@@ -199,7 +209,8 @@ struct TacticChoice {
 /// threads tuning the same key may both time it; the later result wins).
 class Autotuner {
  public:
-  /// A tuner whose cache belongs to the machine described by `metadata`.
+  /// A tuner whose cache belongs to the machine described by `metadata`. Throws InvalidArgument (op "tuner") where
+  /// metadata.problem() names a broken rule.
   explicit Autotuner(CacheMetadata metadata = CacheMetadata::current());
 
   /// The process-wide tuner MoELayer uses unless given another. Created on first use.
@@ -241,6 +252,8 @@ class Autotuner {
   /// The in-memory entry of `key`, if any.
   std::optional<TuningEntry> find(const std::string& key) const;
   /// Stores an entry (replacing any), marks it as learned in this process, so save() prefers it over the disk's.
+  /// Throws InvalidArgument (op "tuner") for an empty key or one that is not valid UTF-8, and for an entry that
+  /// breaks a rule of TuningEntry::problem(), e.g. "entry 'k'.tokens (0) must be in [1, 2147483647]".
   void insert(const std::string& key, const TuningEntry& entry);
   /// A copy of every in-memory entry.
   std::map<std::string, TuningEntry> entries() const;
@@ -258,7 +271,9 @@ class Autotuner {
   };
   /// Merges the entries of the cache file at `path` into memory (entries learned in this process win). A missing
   /// file loads nothing. Throws InvalidArgument naming the path and the problem when the file cannot be read, is not
-  /// JSON, or does not have the cache's structure.
+  /// JSON, or does not have the cache's structure: the fields save() writes with their JSON types, sm_count and
+  /// cuda_version within int, every entry's key non-empty and every entry within TuningEntry::problem()'s rules (a
+  /// missing "routing" reads as "synthetic"). Unknown fields are ignored.
   LoadReport load(const std::filesystem::path& path);
 
   struct SaveReport {

@@ -3,6 +3,7 @@
 // forget a check and every backend reports a broken order with the same words.
 #include <fmt/format.h>
 
+#include <cmath>
 #include <limits>
 
 #include "moekit/error.h"
@@ -82,6 +83,17 @@ Support Runner::check_support(const LayerSpec& spec, Device device) {
   if (s.ok && (gemm1_tactics().empty() || gemm2_tactics().empty()))
     throw Internal("layer", fmt::format("runner '{}' supports the layer but lists no tactics ({} GEMM1, {} GEMM2)",
                                         name(), gemm1_tactics().size(), gemm2_tactics().size()));
+  // The tuning cache stores tactics by name: each name must pick one tactic of its list.
+  if (s.ok)
+    for (const auto& [list, tactics] : {std::pair{"GEMM1", gemm1_tactics()}, {"GEMM2", gemm2_tactics()}})
+      for (size_t i = 0; i < tactics.size(); ++i) {
+        if (tactics[i].name.empty())
+          throw Internal("layer", fmt::format("runner '{}': {} tactic {} has no name", name(), list, i));
+        for (size_t j = 0; j < i; ++j)
+          if (tactics[j].name == tactics[i].name)
+            throw Internal("layer", fmt::format("runner '{}': {} tactics {} and {} share the name '{}'", name(), list,
+                                                j, i, tactics[i].name));
+      }
   return s;
 }
 
@@ -134,7 +146,13 @@ double Runner::time_tactics(const TacticPair& tactics, int64_t tokens) {
   if (tactics.gemm1 < 0 || tactics.gemm1 >= n1 || tactics.gemm2 < 0 || tactics.gemm2 >= n2)
     throw InvalidArgument("layer", fmt::format("runner '{}': tactics ({}, {}) must be in [0, {}) x [0, {})", name(),
                                                tactics.gemm1, tactics.gemm2, n1, n2));
-  return do_time_tactics(tactics, tokens);
+  const double seconds = do_time_tactics(tactics, tokens);
+  if (!(std::isfinite(seconds) && seconds > 0))
+    throw Internal("layer",
+                   fmt::format("runner '{}': timing tactics ({}, {}) on {} tokens gave {} seconds, which must be "
+                               "finite and > 0",
+                               name(), tactics.gemm1, tactics.gemm2, tokens, seconds));
+  return seconds;
 }
 
 void Runner::set_timing_logits(const TensorView& logits) {

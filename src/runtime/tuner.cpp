@@ -171,7 +171,9 @@ std::string CacheMetadata::mismatch(const CacheMetadata& other) const {
   return {};
 }
 
-Autotuner::Autotuner(CacheMetadata metadata) : metadata_(std::move(metadata)) {}
+Autotuner::Autotuner(CacheMetadata metadata) : metadata_(std::move(metadata)) {
+  if (std::string why = metadata_.problem(); !why.empty()) throw InvalidArgument("tuner", "metadata." + why);
+}
 
 Autotuner& Autotuner::global() {
   static Autotuner tuner;
@@ -337,12 +339,6 @@ std::optional<TuningEntry> Autotuner::find(const std::string& key) const {
   auto it = cache_.find(key);
   if (it == cache_.end()) return std::nullopt;
   return it->second.entry;
-}
-
-void Autotuner::insert(const std::string& key, const TuningEntry& entry) {
-  std::lock_guard lock(mutex_);
-  cache_[key] = Slot{entry, true};
-  ++generation_;
 }
 
 std::map<std::string, TuningEntry> Autotuner::entries() const {

@@ -8,8 +8,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -24,6 +26,8 @@ namespace fs = std::filesystem;
 
 constexpr std::string_view kFormat = "moekit-tuning-cache";
 constexpr int kFormatVersion = 1;
+constexpr int64_t kInt64Min = std::numeric_limits<int64_t>::min(), kInt64Max = std::numeric_limits<int64_t>::max();
+constexpr int64_t kIntMin = std::numeric_limits<int>::min(), kIntMax = std::numeric_limits<int>::max();
 
 [[noreturn]] void bad_file(const fs::path& p, const std::string& problem) {
   throw InvalidArgument("tuner", fmt::format("cache file '{}' {}", p.string(), problem));
@@ -42,10 +46,16 @@ std::string get_string(const fs::path& p, const json& obj, const char* name, con
   return v.get<std::string>();
 }
 
-int64_t get_int(const fs::path& p, const json& obj, const char* name, const std::string& where) {
+// An integer in [lo, hi]; a JSON integer beyond int64 (an unsigned one) is reported, never wrapped.
+int64_t get_int(const fs::path& p, const json& obj, const char* name, const std::string& where, int64_t lo,
+                int64_t hi) {
   const json& v = member(p, obj, name, where);
   if (!v.is_number_integer())
     bad_file(p, fmt::format("is not a valid tuning cache: {}.{} must be an integer", where, name));
+  const bool fits = !v.is_number_unsigned() || v.get<uint64_t>() <= static_cast<uint64_t>(hi);
+  if (!fits || v.get<int64_t>() < lo || v.get<int64_t>() > hi)
+    bad_file(
+        p, fmt::format("is not a valid tuning cache: {}.{} ({}) must be in [{}, {}]", where, name, v.dump(), lo, hi));
   return v.get<int64_t>();
 }
 
@@ -78,7 +88,7 @@ CacheFile parse_cache(const fs::path& p, const std::string& text) {
   if (!j.is_object()) bad_file(p, "is not a valid tuning cache: the top level must be a JSON object");
   if (get_string(p, j, "format", "the top level") != kFormat)
     bad_file(p, fmt::format("is not a valid tuning cache: format must be \"{}\"", kFormat));
-  const int64_t version = get_int(p, j, "format_version", "the top level");
+  const int64_t version = get_int(p, j, "format_version", "the top level", kInt64Min, kInt64Max);
   if (version != kFormatVersion)
     bad_file(p, fmt::format("has format_version ({}), which must be {} (written by another moekit version)", version,
                             kFormatVersion));
@@ -89,11 +99,12 @@ CacheFile parse_cache(const fs::path& p, const std::string& text) {
   if (!meta.is_object()) bad_file(p, "is not a valid tuning cache: metadata must be an object");
   file.metadata.library_version = get_string(p, meta, "library_version", "metadata");
   file.metadata.device_name = get_string(p, meta, "device_name", "metadata");
-  file.metadata.sm_count = static_cast<int>(get_int(p, meta, "sm_count", "metadata"));
-  file.metadata.cuda_version = static_cast<int>(get_int(p, meta, "cuda_version", "metadata"));
+  file.metadata.sm_count = static_cast<int>(get_int(p, meta, "sm_count", "metadata", kIntMin, kIntMax));
+  file.metadata.cuda_version = static_cast<int>(get_int(p, meta, "cuda_version", "metadata", kIntMin, kIntMax));
   const json entries = member(p, j, "entries", "the top level");
   if (!entries.is_object()) bad_file(p, "is not a valid tuning cache: entries must be an object");
   for (const auto& [key, v] : entries.items()) {
+    if (key.empty()) bad_file(p, "is not a valid tuning cache: an entry's key must not be empty");  // JSON allows ""
     const std::string where = fmt::format("entry '{}'", key);
     if (!v.is_object()) bad_file(p, fmt::format("is not a valid tuning cache: {} must be an object", where));
     TuningEntry e;
@@ -103,13 +114,11 @@ CacheFile parse_cache(const fs::path& p, const std::string& text) {
     e.gemm2_shortlist = get_names(p, v, "gemm2_shortlist", where);
     e.seconds = get_number(p, v, "seconds", where);
     e.default_seconds = get_number(p, v, "default_seconds", where);
-    e.tokens = get_int(p, v, "tokens", where);
-    if (v.contains("routing")) {  // absent in caches written before the field: their timings were synthetic
-      e.routing = get_string(p, v, "routing", where);
-      if (e.routing != "synthetic" && e.routing != "given")
-        bad_file(p, fmt::format("is not a valid tuning cache: {}.routing ('{}') must be \"synthetic\" or \"given\"",
-                                where, e.routing));
-    }
+    e.tokens = get_int(p, v, "tokens", where, kInt64Min, kInt64Max);
+    // Absent in caches written before the field: their timings were synthetic.
+    if (v.contains("routing")) e.routing = get_string(p, v, "routing", where);
+    if (std::string problem = e.problem(); !problem.empty())
+      bad_file(p, fmt::format("is not a valid tuning cache: {}.{}", where, problem));
     file.entries.emplace(key, std::move(e));
   }
   return file;
@@ -209,7 +218,57 @@ void write_atomically(const fs::path& p, const std::string& text) {
   }
 }
 
+// Whether `s` can be written as JSON text (valid UTF-8): nlohmann's dump() throws for what it cannot write.
+bool is_json_text(const std::string& s) {
+  try {
+    (void)json(s).dump();
+    return true;
+  } catch (const json::type_error&) {
+    return false;
+  }
+}
+
+// "" when `s` is a non-empty JSON text, else why not ("... must not be empty" or "... must be valid UTF-8").
+std::string name_problem(const std::string& what, const std::string& s) {
+  if (s.empty()) return what + " must not be empty";
+  if (!is_json_text(s)) return what + " must be valid UTF-8";
+  return {};
+}
+
 }  // namespace
+
+std::string CacheMetadata::problem() const {
+  for (const auto& [what, s] : {std::pair{"library_version", &library_version}, {"device_name", &device_name}})
+    if (!is_json_text(*s)) return fmt::format("{} must be valid UTF-8", what);
+  return {};
+}
+
+std::string TuningEntry::problem() const {
+  for (const auto& [what, s] : {std::pair{"gemm1", &gemm1}, {"gemm2", &gemm2}})
+    if (std::string why = name_problem(what, *s); !why.empty()) return why;
+  for (const auto& [what, list] :
+       {std::pair{"gemm1_shortlist", &gemm1_shortlist}, {"gemm2_shortlist", &gemm2_shortlist}}) {
+    if (list->empty()) return fmt::format("{} must not be empty", what);
+    for (size_t i = 0; i < list->size(); ++i)
+      if (std::string why = name_problem(fmt::format("{}[{}]", what, i), (*list)[i]); !why.empty()) return why;
+  }
+  for (const auto& [what, t] : {std::pair{"seconds", seconds}, {"default_seconds", default_seconds}})
+    if (!(std::isfinite(t) && t > 0)) return fmt::format("{} ({}) must be finite and > 0", what, t);
+  if (tokens < 1 || tokens > kMaxTunedTokens)
+    return fmt::format("tokens ({}) must be in [1, {}]", tokens, kMaxTunedTokens);
+  if (routing != "synthetic" && routing != "given")
+    return fmt::format("routing ('{}') must be \"synthetic\" or \"given\"", routing);
+  return {};
+}
+
+void Autotuner::insert(const std::string& key, const TuningEntry& entry) {
+  if (std::string why = name_problem("an entry's key", key); !why.empty()) throw InvalidArgument("tuner", why);
+  if (std::string why = entry.problem(); !why.empty())
+    throw InvalidArgument("tuner", fmt::format("entry '{}'.{}", key, why));
+  std::lock_guard lock(mutex_);
+  cache_[key] = Slot{entry, true};
+  ++generation_;
+}
 
 CacheFile Autotuner::read_file(const fs::path& path) {
   std::optional<std::string> text = read_text(path);
