@@ -10,7 +10,7 @@
 namespace moekit::fuzz {
 
 /// The targets, and where each keeps its outcome counts.
-enum class Target { route, experts, layer, ep, count };
+enum class Target { route, experts, layer, ep, tuning_cache, count };
 inline Outcomes& outcomes(Target t) {
   static Outcomes all[static_cast<int>(Target::count)];
   return all[static_cast<int>(t)];
@@ -20,6 +20,7 @@ void route_input(const uint8_t* data, size_t size);    // moekit::route() on the
 void experts_input(const uint8_t* data, size_t size);  // moekit::experts_reference() (experts_fuzz.cpp)
 void layer_input(const uint8_t* data, size_t size);    // moekit::MoELayer on the reference runner (layer_fuzz.cpp)
 void ep_input(const uint8_t* data, size_t size);       // moekit::ep_simulate() (ep_fuzz.cpp)
+void tuning_cache_input(const uint8_t* data, size_t size);  // the autotuner's cache file (tuning_cache_fuzz.cpp)
 
 }  // namespace moekit::fuzz
 

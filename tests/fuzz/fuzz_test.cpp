@@ -43,4 +43,9 @@ TEST(Fuzz, ExpertsOnRandomInputs) {
                     20261205);
 }
 
+TEST(Fuzz, TuningCacheOnRandomInputs) {
+  run_random_inputs(moekit::fuzz::tuning_cache_input, moekit::fuzz::outcomes(moekit::fuzz::Target::tuning_cache),
+                    1500, 256, 20261208);
+}
+
 }  // namespace
