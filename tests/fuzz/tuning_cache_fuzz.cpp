@@ -53,6 +53,17 @@ struct Doc {
     if (c.value) obj[name] = *c.value;
     valid = valid && c.valid;
   }
+  // A member that must be an object: `obj` most of the time, else an array or nothing, which break the rules.
+  void put_object(Bytes& in, const char* name, json obj) {
+    if (in.chance(5)) {
+      j[name] = json::array();
+      valid = false;
+    } else if (!in.chance(3)) {
+      j[name] = std::move(obj);
+    } else {
+      valid = false;
+    }
+  }
 };
 
 const std::vector<Choice<std::string>> kNames = {{"g1_0", true, "g1_0"},
@@ -154,14 +165,7 @@ void run_case(Bytes& in) {
   doc.set(meta, "sm_count", sms);
   doc.set(meta, "cuda_version", Choice<int>{13000, true});
   expected.metadata = {"0.1.0", device.read, sms.read, 13000};
-  if (in.chance(5)) {
-    doc.j["metadata"] = json::array();
-    doc.valid = false;
-  } else if (!in.chance(3)) {
-    doc.j["metadata"] = meta;
-  } else {
-    doc.valid = false;
-  }
+  doc.put_object(in, "metadata", std::move(meta));
 
   // Up to four entries; a repeated key replaces the earlier entry in the document and in what it reads back as.
   json entries = json::object();
@@ -205,14 +209,7 @@ void run_case(Bytes& in) {
             "insert() disagrees with the rules on '" + key.read + "': " + v.dump());
   }
   for (const auto& [key, valid] : entry_valid) doc.valid = doc.valid && valid;
-  if (in.chance(5)) {
-    doc.j["entries"] = json::array();
-    doc.valid = false;
-  } else if (!in.chance(3)) {
-    doc.j["entries"] = entries;
-  } else {
-    doc.valid = false;
-  }
+  doc.put_object(in, "entries", std::move(entries));
   if (in.chance(10)) doc.j["comment"] = "written by hand";
 
   std::string text = doc.j.dump(in.chance(50) ? 2 : -1);
