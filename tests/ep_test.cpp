@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "error_of.h"
 #include "moekit/error.h"
 #include "moekit/expert_parallel.h"
 #include "moekit/experts.h"
@@ -21,15 +22,7 @@
 namespace moekit {
 namespace {
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "no error";
-}
+using testing::error_of;
 
 // ---- partition ------------------------------------------------------------------------------------------------
 

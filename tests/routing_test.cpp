@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "error_of.h"
 #include "moekit/dtype.h"
 #include "moekit/error.h"
 #include "routing/routing_math.h"
@@ -391,15 +392,7 @@ TEST(RoutingProperties, ThreadedMatchesTokenByToken) {
 
 // ---------------------------------------------------------------- validation: every rule, exact words
 
-// The what() of the InvalidArgument `f` throws, or "no throw".
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "no throw";
-}
+using testing::error_of;
 
 std::string config_error(RoutingConfig c) {
   return error_of([&] { c.validate(); });

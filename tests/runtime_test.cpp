@@ -14,6 +14,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "error_of.h"
 #include "fake_runner.h"
 #include "moekit/device.h"
 #include "moekit/error.h"
@@ -26,17 +27,7 @@ using testing::FakeRunner;
 using testing::FakeRunnerConfig;
 using testing::small_spec;
 
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("wrong exception type: ") + e.what();
-  }
-  return "no exception";
-}
+using testing::error_of;
 
 // Host bf16 weights for a spec, all zero (shapes are what matter to the lifecycle).
 struct HostWeights {

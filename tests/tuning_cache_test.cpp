@@ -12,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "error_of.h"
 #include "fake_runner.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
@@ -31,16 +32,7 @@ using testing::test_metadata;
 using testing::write_all;
 namespace fs = std::filesystem;
 
-// The message of the InvalidArgument `f` throws ("" when it throws none).
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const InvalidArgument& e) {
-    return e.what();
-  }
-  return "";
-}
+using testing::error_of;
 
 // ---- persisted cache
 // -----------------------------------------------------------------------------------------------
