@@ -112,8 +112,8 @@ bool says_gpu_needed(const std::string& output) {
 // A command whose buffers do not fit in host memory says so (here: 3.2 GB of logits under a 1 GB address-space
 // limit), instead of "std::bad_alloc".
 TEST(Cli, OutOfHostMemoryIsReported) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer reserves more address space than the limit allows";
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizer reserves more address space than the limit allows";
 #else
   CliRun r = run_cli("route --experts 8 --top-k 2 --tokens 100000000", "ulimit -v 1000000; ");
   EXPECT_EQ(r.status, 1) << r.output;

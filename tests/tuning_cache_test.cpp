@@ -8,7 +8,9 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -327,6 +329,49 @@ TEST(TuningCache, FileValuesOutsideTheirRangesAreNamed) {
     const std::string what = error_of([&] { Autotuner::read_file(path); });
     EXPECT_EQ(what.substr(0, prefix.size() + message.size()), prefix + message) << field << " = " << value;
   }
+  fs::remove_all(dir);
+}
+
+// Autotuner is documented as thread-safe: threads of one process tune, choose, insert, load and save on one tuner at
+// once (each with its own runner; two runner names, so that two threads tune each key). Run under ThreadSanitizer by
+// scripts/test-sanitized.sh.
+TEST(TuningCache, ThreadsShareOneTuner) {
+  const fs::path dir = temp_dir();
+  const fs::path path = dir / "cache.json";
+  constexpr int kThreads = 4, kRounds = 3;
+  const FakeRunnerConfig cfg{.cost = [](TacticPair p) { return 1.0 + 2 * p.gemm1 + (p.gemm2 == 1 ? 0.0 : 1.0); }};
+  std::vector<std::unique_ptr<FakeRunner>> runners;
+  for (int t = 0; t < kThreads; ++t) {
+    FakeRunnerConfig c = cfg;
+    c.name = t % 2 == 0 ? "fake_even" : "fake_odd";
+    runners.push_back(built_runner(c));
+  }
+  Autotuner tuner(test_metadata());
+  std::vector<std::string> errors(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      try {
+        for (int round = 0; round < kRounds; ++round) {
+          const int64_t tokens[] = {1, 64, 4096};
+          tuner.tune(*runners[t], small_spec(), tokens, {.mode = TuneMode::full});
+          if (tuner.choose(*runners[t], small_spec(), 64).tactics != TacticPair{0, 1})
+            errors[t] = "choose() did not give the tuned pair";
+          tuner.insert(fmt::format("thread{}-{}", t, round), {"g1_0", "g2_0", {"g1_0"}, {"g2_0"}, 1.0, 1.0, 1});
+          (void)tuner.entries();
+          (void)tuner.generation();
+          tuner.save(path);
+          tuner.load(path);
+        }
+      } catch (const std::exception& e) {
+        errors[t] = e.what();
+      }
+    });
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(errors[t], "") << "thread " << t;
+  const size_t keys = 2 * 3 + kThreads * kRounds;  // two runners' three buckets, and the inserted entries
+  EXPECT_EQ(tuner.size(), keys);
+  EXPECT_EQ(Autotuner::read_file(path).entries, tuner.entries());
   fs::remove_all(dir);
 }
 

@@ -1,4 +1,4 @@
-// The fuzz targets on seeded random inputs under ctest (and under ASan and UBSan in scripts/test-sanitized.sh):
+// The fuzz targets on seeded random inputs under ctest (and under the sanitizers of scripts/test-sanitized.sh):
 // every input must end in a checked result or a clean rejection (a broken property aborts the process), and both
 // outcomes must occur often, so that the decoders keep reaching the valid calls and the rules that reject.
 #include <gtest/gtest.h>
