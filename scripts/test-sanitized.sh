@@ -30,7 +30,7 @@ for kind in "${kinds[@]}"; do
       ;;
   esac
   echo "== CPU tests under the $kind sanitizers ($build)"
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMOEKIT_ENABLE_CUDA=OFF \
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMOEKIT_ENABLE_CUDA=OFF -DMOEKIT_TEST_PACKAGE=OFF \
     -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$link"
   cmake --build "$build" -j "$MOEKIT_JOBS"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 TSAN_OPTIONS=halt_on_error=1 \
