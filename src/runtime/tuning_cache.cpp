@@ -2,6 +2,8 @@
 // "<path>.lock" (never deleted: removing a lock file races with the next locker), re-reads the file, merges, writes
 // "<path>.tmp.<pid>" and renames it over the file, so readers see the old or the new file, never a partial one, and
 // two processes saving at once both keep their entries. A file that is not a valid cache is reported, never replaced.
+// The rules an entry must keep to be written and read back (TuningEntry::problem()) live here too, with insert(),
+// which applies them to what comes into the cache.
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/file.h>
