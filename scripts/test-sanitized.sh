@@ -29,7 +29,7 @@ for kind in "${kinds[@]}"; do
       exit 2
       ;;
   esac
-  echo "== CPU tests under the $kind sanitizers ($build)"
+  echo "== CPU tests in the $kind-sanitizer build ($build)"
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMOEKIT_ENABLE_CUDA=OFF -DMOEKIT_TEST_PACKAGE=OFF \
     -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$link"
   cmake --build "$build" -j "$MOEKIT_JOBS"
