@@ -213,10 +213,34 @@ TEST(RoutingTiny, NaNRanksBelowMinusInfinity) {
   EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 1, 0}));
   r = route(make_routing_config(RoutingMethod::pre_scored, 4, 2), {kNaN, kNaN, -kInf, kNaN});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 0}));
-  // A row of only NaN has no probability mass: its weights are 0 (documented in reference.cpp).
+  // A row of only NaN has no probability mass: its weights are 0 (routing.h: non-finite logits).
   r = route(make_routing_config(RoutingMethod::softmax_topk, 3, 2), {kNaN, kNaN, kNaN});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 1}));
   expect_weights(r.weights, {0, 0});
+}
+
+// routing.h's conventions for infinite logits: +inf logits share the softmax mass, a row of only -inf is uniform,
+// sigmoid's limits are 0 and 1 (NaN stays NaN), and pre_scored weights are the scores themselves.
+TEST(RoutingTiny, InfiniteLogitsHaveTheDocumentedWeights) {
+  auto r = route(make_routing_config(RoutingMethod::softmax_topk, 4, 2), {kInf, 1, kInf, 3});
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 2}));
+  expect_weights(r.weights, {0.5, 0.5});
+  r = route(make_routing_config(RoutingMethod::softmax_topk, 4, 2), {-kInf, -kInf, -kInf, -kInf});
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 1}));
+  expect_weights(r.weights, {0.25, 0.25});
+  r = route(make_routing_config(RoutingMethod::topk_softmax, 4, 2), {-kInf, -kInf, -kInf, -kInf});
+  expect_weights(r.weights, {0.5, 0.5});
+  r = route(make_routing_config(RoutingMethod::topk_softmax, 4, 2), {kNaN, 2, kInf, 1});
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 1}));
+  expect_weights(r.weights, {1, 0});
+  r = route(make_routing_config(RoutingMethod::sigmoid_grouped, 3, 3), {kInf, -kInf, 0});
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 2, 1}));
+  expect_weights(r.weights, {1, 0.5, 0});
+  r = route(make_routing_config(RoutingMethod::sigmoid_grouped, 2, 2), {kNaN, kNaN});
+  EXPECT_TRUE(std::isnan(r.weights[0]) && std::isnan(r.weights[1]));
+  r = route(make_routing_config(RoutingMethod::pre_scored, 3, 2), {1, kInf, -kInf});
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{1, 0}));
+  EXPECT_EQ(r.weights, (std::vector<float>{kInf, 1}));
 }
 
 TEST(RoutingTiny, Bf16LogitsAndBiasMatchFp32OfTheSameValues) {

@@ -17,6 +17,10 @@
 // - routed_scaling_factor multiplies every routed weight (after renormalization) for every method.
 // - Renormalization (softmax_topk, sigmoid_grouped, pre_scored) divides by the sum of the K routed weights when
 //   that sum is non-zero; topk_softmax weights already sum to 1 and llama4 (K = 1) ignores the flag.
+// - Non-finite logits have defined weights, the same on every backend. A softmax term is exp(l - max), with the max
+//   over the non-NaN logits (of the row for softmax_topk, of the K selected for topk_softmax): a NaN logit weighs
+//   0, +inf logits share the mass equally (each term is exp(0) = 1), a row of only -inf is uniform, and a row of only
+//   NaN weighs 0 everywhere. sigmoid(+inf) = 1, sigmoid(-inf) = 0, sigmoid(NaN) = NaN; a pre_scored NaN stays NaN.
 // - Fused shared experts: slots K..K+S-1 get ids E..E+S-1 and weight exactly 1.0f.
 // - Routing replay: optional int16 [R, K] contiguous buffer, R >= T; row t receives token t's K routed ids in slot
 //   order; rows >= T are not touched. Requires E < 32768.
