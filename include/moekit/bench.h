@@ -185,7 +185,7 @@ struct RouteResult {
   int ctas_requested = 0, ctas = 0;  // asked (0 = heuristic) and used
   bool tiny_plan = false;            // the plan was built in one step (one CTA, T * Kt <= 32)
   bool pairs = false;                // a warp routed two tokens at once
-  bool token_masks = false;          // the token-mask instance ran (one CTA, 9-16 tokens, more than 32 slots)
+  bool token_masks = false;          // the token-mask instance ran (one token per warp, not a decode call)
   bool verified = false;
   std::string mismatch;  // first difference from the reference, empty when verified
   Stats kernel, graph;

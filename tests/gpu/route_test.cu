@@ -74,7 +74,7 @@ struct Case {
   Dist dist = Dist::normal;
   int ctas = 0;          // forced grid size, 0 = heuristic
   int row0 = 0;          // the distribution's first row: nan and special pick their rows' kind by row index
-  bool general = false;  // calls of one CTA and at most 16 tokens through the general kernel instance
+  bool general = false;  // calls of one token per warp through the general kernel instance (RouteCudaTuning)
 };
 
 // Host-side copy of one plan's fields for T tokens.
@@ -370,9 +370,10 @@ bool check_case(const Case& c, uint64_t seed, detail::RoutePairs pairs = detail:
 }
 
 // Decode calls: every case above again at T = 1, through the decode kernel instance and through the general one, and
-// the cases of 2-16 tokens on one CTA (decode and token-mask instances) through the general one too; then one-token
-// shapes (32 consecutive experts holding every winner, K = 32, E = 1-513, groups of 1-64 experts, each row kind of
-// the nan and special distributions) and calls of 2-9 tokens.
+// the cases of 2-16 tokens on one CTA (decode and token-mask instances) and a few grids of one token per warp
+// (token-mask instance) through the general one too; then one-token shapes (32 consecutive experts holding every
+// winner, K = 32, E = 1-513, groups of 1-64 experts, each row kind of the nan and special distributions) and calls
+// of 2-9 tokens.
 void decode_cases(std::vector<Case>& v) {
   using M = RoutingMethod;
   const size_t n = v.size();
@@ -390,6 +391,15 @@ void decode_cases(std::vector<Case>& v) {
   for (size_t i = 0; i < n; ++i) {  // the other calls of one CTA and one token per warp through the general one too
     Case c = v[i];
     if (c.tokens < 2 || c.tokens > 16 || c.ctas > 1) continue;
+    c.name += "_general";
+    c.general = true;
+    v.push_back(c);
+  }
+  for (size_t i = 0; i < n; ++i) {  // grids of one token per warp (the token-mask instance) through the general one
+    Case c = v[i];
+    if (c.name != "dsv3_t64" && c.name != "dsv3_t1024" && c.name != "seed6_t512_k10" && c.name != "first_grid_t17" &&
+        c.name != "ragged_topk_softmax_bf16" && c.name != "k30_s2_grouped_b3")
+      continue;
     c.name += "_general";
     c.general = true;
     v.push_back(c);
@@ -718,7 +728,8 @@ TEST_F(GpuRoute, MatchesReference) {
   std::printf("[ pairs    ] %d cases routed two tokens per warp by the heuristic, %d when forced\n", pairs_default,
               pairs_forced);
   std::printf("[ masks    ] %d cases took the token-mask instance\n", token_masks);
-  EXPECT_GE(token_masks, 4) << "the cases of 9-16 tokens above 32 slots should take the token-mask instance";
+  EXPECT_GE(token_masks, 30) << "the calls of one token per warp (but decode calls) should take the token-mask "
+                                "instance";
   if (!quick) EXPECT_GE(pairs_default, 3) << "the large-T cases of at most 256 experts should route two per warp";
   EXPECT_GE(pairs_forced, 40) << "most cases of at most 256 experts and 16 slots should take the forced instance";
 }

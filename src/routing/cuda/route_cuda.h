@@ -47,8 +47,8 @@ struct RouteCudaTuning {
   /// too, the plan's steps as above (with one token, 3-5 coincide, 6 follows counts and offsets, 7 the slots' rows
   /// and blocks); the routing warps' weights and slots, meanwhile, are not stamped.
   uint64_t* trace = nullptr;
-  /// true: calls of one CTA and at most 16 tokens take the general kernel instance instead of a decode instance (at
-  /// most 8 tokens) or the token-mask instance (tests, `bench route --instances general`).
+  /// true: calls of one token per warp take the general kernel instance instead of a decode instance (one CTA, at
+  /// most 8 tokens) or the token-mask instance (tests).
   bool general_only = false;
   /// Two tokens per warp (RoutePairs). Possible for logits of at most 256 experts, at most 16 slots per token and,
   /// with group limiting, groups of whole lanes (1-16 lanes) and at most 16 groups; elsewhere ignored.
@@ -65,7 +65,8 @@ int route_cuda_last_ctas();
 bool route_cuda_last_tiny_plan();
 /// Whether the last route_cuda() call routed two tokens per warp (RoutePairs).
 bool route_cuda_last_pairs();
-/// Whether the last route_cuda() call took the token-mask instance (one CTA, 9-16 tokens, more than 32 slots).
+/// Whether the last route_cuda() call took the token-mask instance (one token per warp, more than 32 slots or more
+/// than one CTA, not a decode call).
 bool route_cuda_last_token_masks();
 /// The heuristic's rule for two tokens per warp (RoutePairs::heuristic), where the kernel instance allows it: a call
 /// of `tokens` whose one-token-per-warp grid is `ctas` CTAs on a GPU of `sms` SMs takes it when that grid gives a

@@ -14,12 +14,13 @@
 // non-empty segments, without histograms or a block scan; one token's plan (one_token_plan()) is a single pass of
 // every thread over its K experts. Up to 8 tokens (the decode instances) the warps without tokens build that plan, or
 // count the histograms of a larger one, as soon as the routing warps have selected their experts (a named barrier),
-// while the routing warps compute the weights. The other calls of one CTA and one token per warp (9-16 tokens, the
-// token_masks instance) keep a token mask per expert instead of the histograms (bit t: token t selected it): its
-// popcount is the expert's count, and the popcount of its bits below t token t's rank in the expert. The grid
-// barrier's arrival count only grows (mod 2^32), and an epoch word says where this call's arrivals start and the
-// call's parity; the totals are double-buffered by that parity (the buffer of the next call is zeroed during this
-// one), so graph replays need no re-initialization. Cross-CTA data is read with ld.cg (L2).
+// while the routing warps compute the weights. The other calls of one token per warp (the token_masks instance: up
+// to 16 tokens per CTA, T <= 16 per SM on the heuristic's grids) keep a token mask per expert instead of the
+// histograms (bit i: the CTA's token i selected it): its popcount is the CTA's count of the expert, and the popcount
+// of its bits below i token i's rank among them. The grid barrier's arrival count only grows (mod 2^32), and an epoch
+// word says where this call's arrivals start and the call's parity; the totals are double-buffered by that parity
+// (the buffer of the next call is zeroed during this one), so graph replays need no re-initialization. Cross-CTA data
+// is read with ld.cg (L2).
 #pragma once
 
 #include <cub/block/block_scan.cuh>
@@ -368,7 +369,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
   int* offs_s = reinterpret_cast<int*>(smem + L.offsets);         // [G+1]
   int* base_s = reinterpret_cast<int*>(smem + L.base);            // [E]
   uint32_t* info_s = reinterpret_cast<uint32_t*>(smem + L.info);  // [tokens_per_cta, K] when info_words > 0
-  uint32_t* masks = reinterpret_cast<uint32_t*>(base_s);          // [E] token masks (token_masks: base_s unused)
+  uint32_t* masks = reinterpret_cast<uint32_t*>(hist);            // [E] token masks (token_masks: no histograms)
   uint32_t* wscratch = reinterpret_cast<uint32_t*>(smem + L.scratch) + warp * L.warp_words;
   const WarpScratch ws{wscratch, wscratch + e_pad};
 
@@ -488,9 +489,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
 
   // B. Counts: group g's count goes to the thread that owns it in the scan (kGroupsPerThread consecutive groups
   // per thread). One CTA: that thread also turns the per-warp histograms of its experts into per-warp exclusive
-  // prefixes (token_masks: the popcount of the expert's token mask). Several CTAs: per-warp prefixes and the CTA's
-  // totals, published as the CTA's row and added to the expert totals; -- grid barrier --; totals and the sums of
-  // earlier CTAs' rows are read back.
+  // prefixes (token_masks: the popcount of the expert's token mask). Several CTAs: per-warp prefixes (or token-mask
+  // popcounts) and the CTA's totals, published as the CTA's row and added to the expert totals; -- grid barrier --;
+  // totals and the sums of earlier CTAs' rows are read back.
   int cnt[kGroupsPerThread];
   const int g0 = tid * kGroupsPerThread;
   if (nb == 1) {
@@ -500,6 +501,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
       if constexpr (kInstance == Instance::decode_counts) {  // the crew counted
         cnt[i] = g < G ? cnt_s[g] : 0;
       } else if constexpr (kInstance == Instance::token_masks) {
+        if (g < E) base_s[g] = 0;
         cnt[i] = g < E ? __popc(masks[g]) : (g < G ? T : 0);
       } else {
         if (g < E) base_s[g] = 0;
@@ -508,7 +510,9 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
     }
     trace_point(p, 3);
   } else {
-    for (int e = tid; e < E; e += kThreads) base_s[e] = warp_prefixes<kTeams>(hist, e, e_pad, active_teams);
+    for (int e = tid; e < E; e += kThreads)
+      base_s[e] =
+          kInstance == Instance::token_masks ? __popc(masks[e]) : warp_prefixes<kTeams>(hist, e, e_pad, active_teams);
     int32_t* totals = p.totals + (epoch & 1u) * e_pad;
     uint16_t* my_row = p.cta_rows + static_cast<int64_t>(blockIdx.x) * e_pad;
     for (int e = tid; e < e_pad; e += kThreads) {
@@ -547,7 +551,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
     if (g < G) {
       cnt_s[g] = cnt[i];
       offs_s[g] = off[i];
-      if (kInstance != Instance::token_masks && g < E) base_s[g] += off[i];
+      if (g < E) base_s[g] += off[i];
       if (blockIdx.x == 0) {
         p.expert_counts[g] = cnt[i];
         p.expert_offsets[g] = off[i];
@@ -572,8 +576,8 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
     if (k < K) {
       const uint32_t packed = p.info_words > 0 ? info_s[(t - cta_t0) * K + k] : static_cast<uint32_t>(p.slot_rows[s]);
       const int e = static_cast<int>(packed >> 16);
-      if constexpr (kInstance == Instance::token_masks) {  // one CTA: t < kWarps
-        row_id = offs_s[e] + __popc(masks[e] & ((1u << t) - 1u));
+      if constexpr (kInstance == Instance::token_masks) {  // t - cta_t0 < kWarps
+        row_id = base_s[e] + __popc(masks[e] & ((1u << (t - cta_t0)) - 1u));
       } else {
         const int w = plan_div(p, t - cta_t0, p.tokens_per_team, p.team_tokens_magic);
         row_id = base_s[e] + hist[w * e_pad + e] + static_cast<int>(packed & 0xffffu);

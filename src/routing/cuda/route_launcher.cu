@@ -33,7 +33,7 @@ struct KernelEntry {
   KernelFn fn;
   KernelFn decode_plan;    // calls of at most router::kDecodeTokens tokens and 32 slots
   KernelFn decode_counts;  // other calls of at most router::kDecodeTokens tokens on one CTA
-  KernelFn token_masks;    // other calls of one CTA and one token per warp
+  KernelFn token_masks;    // other calls of one token per warp
   KernelFn pairs;          // two tokens per warp (teams of 16 lanes, twice the chunks), or null
 };
 
@@ -308,11 +308,12 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   config.attrs = &attr;
   config.numAttrs = ctas > 1 ? 1 : 0;
   KernelFn fn = pairs ? kernel.pairs : kernel.fn;
-  // One CTA and one token per warp: the decode instances up to 8 tokens, the token-mask instance above (H200,
-  // forty-first session, kernel us, cold L2, against the general instance: T = 9-16 0.879-0.912x on E = 128-512,
-  // 0.958x on E = 1024 K = 32; the other instances' code is unchanged).
-  if (!pairs && ctas == 1 && T <= router::kWarps && !g_tuning.general_only) {
-    if (T <= router::kDecodeTokens)
+  // One token per warp: the decode instances on one CTA of at most 8 tokens, else the token-mask instance (H200,
+  // kernel us, cold L2, against the general instance: one CTA, T = 9-16, 0.879-0.912x on E = 128-512 and 0.958x on
+  // E = 1024 K = 32 (forty-first session); grids of T = 17-2048 on the fixtures and E = 256 / 512, 0.969-0.981x,
+  // paired runs in both orders (forty-third session)).
+  if (!pairs && p.tokens_per_team == 1 && !g_tuning.general_only) {
+    if (ctas == 1 && T <= router::kDecodeTokens)
       fn = p.tiny ? kernel.decode_plan : kernel.decode_counts;
     else if (!p.tiny)
       fn = kernel.token_masks;

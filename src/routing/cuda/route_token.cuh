@@ -108,9 +108,9 @@ __device__ __forceinline__ void wait_selected() {
 /// The fused router's kernel instances. The decode instances (calls of one CTA, one token per warp, at most
 /// kDecodeTokens) hand each routing warp's selection to the warps without tokens: its selected experts for the plan
 /// (decode_plan: arrive_selected(); T * Kt <= 32), or its selection counted in its histogram for phase B's counts
-/// (decode_counts: wait_selected(), a full barrier of the CTA). token_masks: the other calls of one CTA and one
-/// token per warp; a routed slot sets its token's bit in its expert's token mask (a shared [E] array, bit t for token
-/// t) instead of bumping a histogram. general: every call, with histograms.
+/// (decode_counts: wait_selected(), a full barrier of the CTA). token_masks: the other calls of one token per warp;
+/// a routed slot sets its token's bit in its expert's token mask (a shared [E] array of the CTA, bit i for the CTA's
+/// token i) instead of bumping a histogram. general: every call, with histograms.
 enum class Instance { general, decode_plan, decode_counts, token_masks };
 
 /// Raw bf16 bits, so the device code needs no cuda_bf16 header.
@@ -675,7 +675,8 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
   if (routed) {
     info = static_cast<uint32_t>(expert) << 16;
     if constexpr (kInstance == Instance::token_masks) {
-      atomicOr(masks + expert, 1u << static_cast<uint32_t>(t));  // t < kWarps
+      const int i = static_cast<int>(t) - static_cast<int>(blockIdx.x) * p.tokens_per_cta;  // < kWarps
+      atomicOr(masks + expert, 1u << i);
     } else if (!p.tiny && kInstance != Instance::decode_counts) {
       const uint32_t r = hist[expert];
       hist[expert] = static_cast<uint16_t>(r + 1);
