@@ -128,14 +128,18 @@ GridLimits grid_limits(const KernelEntry& k, KernelFn fn, int smem_bytes, int de
   return limits;
 }
 
-// Grid heuristic: one CTA while every warp has at most one token; then 4 tokens per CTA up to T = 128, 8 up to 512
+// Grid heuristic: one CTA while every warp has at most one token; then 4 tokens per CTA up to T = 96, 8 up to 512
 // and 16 above, at most one CTA per SM while that leaves at most 64 tokens per CTA, and up to the co-resident grid
 // beyond (two CTAs per SM where the kernel fits twice). Sweep on the H200 (thirteenth session, kernel us, cold L2):
 // seed6 K10 T = 1024 on 64 / 128 CTAs 11.87 / 13.15; dsv3 T = 2048 on 128 / 256 CTAs 12.35 / 14.91, T = 4096
 // 15.26 / 17.28, T = 8192 on 131 / 256 21.02 / 22.21, T = 16384 on 132 / 261 32.64 / 32.29; E = 128 K = 8 T = 2048
-// on 128 / 256 9.60 / 11.71, T = 16384 on 132 / 261 25.31 / 21.76; dsv3 T = 512 on 32 / 64 10.59 / 9.95.
+// on 128 / 256 9.60 / 11.71, T = 16384 on 132 / 261 25.31 / 21.76; dsv3 T = 512 on 32 / 64 10.59 / 9.95. With the
+// token-mask instance on grids (forty-third session, `bench route --ctas`, medians of three runs, 8 against 4 tokens
+// per CTA): T = 112 / 128 0.983-0.988 / 0.980-0.983 of the time on dsv3, E = 512 K = 10 and E = 512 K = 8; T = 72-96
+// 0.987-1.017 (E = 512 K = 10 at T = 96 1.017), hence 8 tokens per CTA above T = 96. T = 256 best on 32 CTAs; T = 512
+// on 32 / 64 E = 512 K = 10 8.75 / 9.02 but dsv3 8.35 / 8.30; T = 1024 best on 64.
 constexpr int64_t kSingleCtaTokens = router::kWarps;
-constexpr int64_t kSmallGridTokens = 128, kMidGridTokens = 512;
+constexpr int64_t kSmallGridTokens = 96, kMidGridTokens = 512;
 constexpr int64_t kTokensPerCtaSmall = 4, kTokensPerCtaMid = 8, kTokensPerCtaLarge = 16;
 constexpr int64_t kTokensPerCtaBeforeSecondOnSm = 64;
 
