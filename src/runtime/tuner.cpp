@@ -187,8 +187,8 @@ TacticChoice Autotuner::choose(const Runner& runner, const LayerSpec& spec, int6
     auto it = cache_.find(key);
     if (it != cache_.end())
       if (std::optional<Resolved> r = resolve(runner, it->second.entry)) {
-        const int64_t timed = it->second.entry.tokens;
-        const bool confirmed = timed >= 1 && timed <= kMaxTunedTokens && r->best == runner.default_tactics(timed);
+        // Every entry in the cache passed TuningEntry::problem() (insert(), load()): its tokens are in range.
+        const bool confirmed = r->best == runner.default_tactics(it->second.entry.tokens);
         return {confirmed ? runner.default_tactics(tokens) : r->best, true, confirmed};
       }
   }

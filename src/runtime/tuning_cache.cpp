@@ -75,8 +75,8 @@ std::vector<std::string> get_names(const fs::path& p, const json& obj, const cha
       if (!n.is_string()) break;
       names.push_back(n.get<std::string>());
     }
-  if (!v.is_array() || names.size() != v.size() || names.empty())
-    bad_file(p, fmt::format("is not a valid tuning cache: {}.{} must be a non-empty array of strings", where, name));
+  if (!v.is_array() || names.size() != v.size())  // an empty list is TuningEntry::problem()'s to report
+    bad_file(p, fmt::format("is not a valid tuning cache: {}.{} must be an array of strings", where, name));
   return names;
 }
 
