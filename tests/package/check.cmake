@@ -2,7 +2,7 @@
 #   MODE=install:      `cmake --install` of MOEKIT_BUILD_DIR into WORK_DIR/prefix, then find_package(moekit);
 #   MODE=subdirectory: add_subdirectory(MOEKIT_SOURCE_DIR) in the consumer's own build (CPU only, no tests, no CLI).
 # cmake -DMODE=... -DMOEKIT_SOURCE_DIR=... -DMOEKIT_BUILD_DIR=... -DMOEKIT_DEPS_DIR=... -DWORK_DIR=...
-#       -DGENERATOR=... -DCXX=... -P check.cmake
+#       -DGENERATOR=... -DCXX=... -DCXX_FLAGS=... -DLINK_FLAGS=... -P check.cmake
 function(run)
   execute_process(COMMAND ${ARGN} RESULT_VARIABLE status OUTPUT_VARIABLE out ERROR_VARIABLE out)
   if(NOT status EQUAL 0)
@@ -14,8 +14,10 @@ endfunction()
 
 file(REMOVE_RECURSE "${WORK_DIR}")
 set(consumer_build "${WORK_DIR}/consumer")
+# The build's own compile and link flags (a sanitized build's libraries need its runtime linked in too).
 set(configure ${CMAKE_COMMAND} -S "${MOEKIT_SOURCE_DIR}/tests/package" -B "${consumer_build}" -G "${GENERATOR}"
-              -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Release)
+              -DCMAKE_CXX_COMPILER=${CXX} -DCMAKE_BUILD_TYPE=Release "-DCMAKE_CXX_FLAGS=${CXX_FLAGS}"
+              "-DCMAKE_EXE_LINKER_FLAGS=${LINK_FLAGS}" "-DCMAKE_SHARED_LINKER_FLAGS=${LINK_FLAGS}")
 if(MODE STREQUAL "install")
   run(${CMAKE_COMMAND} --install "${MOEKIT_BUILD_DIR}" --prefix "${WORK_DIR}/prefix")
   foreach(installed include/moekit/layer.h lib/cmake/moekit/moekitConfig.cmake)
