@@ -436,6 +436,14 @@ void decode_cases(std::vector<Case>& v) {
     c.dist = Dist::coarse;
     add(c);
   }
+  // A bias row of more words than the CTA has threads (two per thread), on the decode plan (T * Kt <= 32) and
+  // decode counts instances.
+  for (int64_t tokens : {1, 6}) {
+    Case c{"decode_t" + std::to_string(tokens) + "_e1000_bias",
+           make_routing_config(M::sigmoid_grouped, 1000, 8, 0, true, 8, 3, 1.5f), tokens, 16};
+    c.bias = true;
+    add(c);
+  }
   // A decode call, and one of the token-mask instance (also through the general one).
   for (int64_t tokens : {2, 11}) {
     Case c{(tokens <= 8 ? "decode_t" : "one_cta_t") + std::to_string(tokens) + "_dsv3_bf16",

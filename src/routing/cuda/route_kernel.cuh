@@ -118,9 +118,26 @@ __device__ __forceinline__ void grid_barrier(uint32_t* arrivals, uint32_t* epoch
     asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(epoch_word), "r"(done | (~epoch & 1u)) : "memory");
 }
 
-/// Sums the u16 count rows of CTAs [0, blockIdx.x) into out[e] (e < E): 16-byte L2 loads, several rows per thread
-/// in flight, partial sums through `partial` (kThreads * 8 ints).
+/// acc[i] += the i-th u16 of w (eight counts of one count row).
+__device__ __forceinline__ void add_octet(uint32_t (&acc)[8], const uint4& w) {
+  acc[0] += w.x & 0xffffu;
+  acc[1] += w.x >> 16;
+  acc[2] += w.y & 0xffffu;
+  acc[3] += w.y >> 16;
+  acc[4] += w.z & 0xffffu;
+  acc[5] += w.z >> 16;
+  acc[6] += w.w & 0xffffu;
+  acc[7] += w.w >> 16;
+}
+
+/// Sums the u16 count rows of CTAs [0, blockIdx.x) into out[e] (e < E): 16-byte L2 loads, partial sums through
+/// `partial` (kThreads * 8 ints). A thread with more than one row loads kRowsInFlight of them before adding any: a
+/// loop of one load per step waited for each load before the next, so that at 132 CTAs and E = 512 the last CTA's
+/// threads read 17 rows one after the other (forty-fourth session: seed6 T = 512 / 16384 0.918 / 0.979x, dsv3
+/// T = 1024 0.954x, E = 512 K = 10 T = 2048 0.884x). A thread with one row at most keeps the single load (the
+/// four-row step alone: dsv3 T = 64 1.017x).
 /// `octet_magic` is rm::division_magic(pad8(experts) / 8).
+inline constexpr int kRowsInFlight = 4;  // 8 spilled in one instance
 __device__ __forceinline__ void sum_earlier_rows(const uint16_t* rows, int experts, uint32_t octet_magic,
                                                  int* partial, int* out) {
   const int e8 = pad8(experts), octets = e8 / 8;
@@ -130,18 +147,19 @@ __device__ __forceinline__ void sum_earlier_rows(const uint16_t* rows, int exper
   if (g < groups) {
     uint32_t acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     const uint4* col = reinterpret_cast<const uint4*>(rows) + o;
-    const int stride = e8 / 8;  // uint4 per row
-#pragma unroll 4
-    for (int c = g; c < n; c += groups) {
-      const uint4 w = __ldcg(col + static_cast<int64_t>(c) * stride);
-      acc[0] += w.x & 0xffffu;
-      acc[1] += w.x >> 16;
-      acc[2] += w.y & 0xffffu;
-      acc[3] += w.y >> 16;
-      acc[4] += w.z & 0xffffu;
-      acc[5] += w.z >> 16;
-      acc[6] += w.w & 0xffffu;
-      acc[7] += w.w >> 16;
+    if (n <= groups) {
+      if (g < n) add_octet(acc, __ldcg(col + static_cast<int64_t>(g) * octets));
+    } else {
+      for (int c0 = g; c0 < n; c0 += kRowsInFlight * groups) {
+        uint4 w[kRowsInFlight];
+#pragma unroll
+        for (int j = 0; j < kRowsInFlight; ++j) {
+          const int c = c0 + j * groups;
+          w[j] = c < n ? __ldcg(col + static_cast<int64_t>(c) * octets) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int j = 0; j < kRowsInFlight; ++j) add_octet(acc, w[j]);
+      }
     }
 #pragma unroll
     for (int i = 0; i < 8; ++i) partial[g * e8 + o * 8 + i] = static_cast<int>(acc[i]);
@@ -374,7 +392,13 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
   const WarpScratch ws{wscratch, wscratch + e_pad};
 
   // The bias row into shared memory (a zero-padded row, -0 as +0: a key, value + bias, is then never -0; see
-  // selection_key()).
+  // selection_key()). The general, token-mask and decode counts instances load and store it before the first logits
+  // row's loads are issued: issued after them, the bias's loads queued behind the CTA's first rows (twenty-second
+  // session: dsv3 T = 1024 / 2048-8192 0.970 / 0.955-0.971x of rows first, seed6 0.963-0.982x, with two tokens per
+  // warp dsv3 T = 16384 0.957x; the decode counts instance, E = 512 K = 10 T = 6 / 8 0.977 / 0.967x). Loading it
+  // into registers before the rows and storing it after them (forty-fourth session) was faster on some calls with a
+  // bias (dsv3 T = 64 0.978x, E = 1024 K = 32 T = 64 / 1024 0.964 / 0.981x), slower on others (dsv3 T = 1024 /
+  // 16384 1.014 / 1.046x) and on seed6, which has none (1.023-1.047x).
   auto load_bias = [&] {
     for (int e = tid; e < bias_words(E); e += kThreads) {
       float b = 0.0f;
@@ -384,11 +408,29 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
       bias_s[e] = rm::add(b, 0.0f);
     }
   };
-  // The bias first: it then lands before the rows' DRAM reads instead of queueing behind them (twenty-second
-  // session, kernel us, same call: dsv3 T = 1024 / 2048-8192 0.970 / 0.955-0.971x, seed6 0.963-0.982x, with two
-  // tokens per warp dsv3 T = 16384 0.957x; the decode counts instance, E = 512 K = 10 T = 6 / 8 0.977 / 0.967x);
-  // the decode plan instance (T * Kt <= 32) loads the row first (with the bias first dsv3 T = 1, the one cell at
-  // the 4 us goal, took 1.016x).
+  // The decode plan instance (T * Kt <= 32: one CTA, a few tokens) issues the row's loads first, then the bias's
+  // into registers, and stores the bias just before the CTA's first barrier, after the plan's prefill and the
+  // zeroed histograms (forty-fourth session: dsv3 T = 1 3.94 -> 3.68 us, 0.932x of loading the bias there in
+  // one step).
+  constexpr int kBiasPerThread = (kMaxExperts + kThreads - 1) / kThreads;
+  float bias_r[kBiasPerThread];
+  auto issue_bias = [&] {
+#pragma unroll
+    for (int i = 0; i < kBiasPerThread; ++i) {
+      const int e = tid + i * kThreads;
+      bias_r[i] = 0.0f;
+      if (p.bias != nullptr && e < E)
+        bias_r[i] = p.bias_bf16 ? load_one(static_cast<const Bf16*>(p.bias) + e)
+                                : load_one(static_cast<const float*>(p.bias) + e);
+    }
+  };
+  auto store_bias = [&] {
+#pragma unroll
+    for (int i = 0; i < kBiasPerThread; ++i) {
+      const int e = tid + i * kThreads;
+      if (e < bias_words(E)) bias_s[e] = rm::add(bias_r[i], 0.0f);
+    }
+  };
   if constexpr (kInstance != Instance::decode_plan) load_bias();
   const int cta_t0 = blockIdx.x * p.tokens_per_cta;
   const int cta_t1 = min(cta_t0 + p.tokens_per_cta, T);
@@ -396,6 +438,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
   const int t1 = min(t0 + p.tokens_per_team, cta_t1);
   RowRegs<In, NC, LPT> row;
   if (t0 < t1) row.load(p, t0, tl, kPadBits<In, kSigmoid>);
+  if constexpr (kInstance == Instance::decode_plan) issue_bias();
   // A kernel launched after this one with programmatic stream serialization (the expert GEMV) may start now and
   // wait in griddepcontrol.wait for the plan: its launch latency hides behind the routing.
   asm volatile("griddepcontrol.launch_dependents;" :::);
@@ -415,7 +458,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
   } else if (!p.tiny) {  // a tiny plan ranks without histograms
     for (int i = tid; i < active_teams * e_pad / 2; i += kThreads) reinterpret_cast<uint32_t*>(hist)[i] = 0;
   }
-  if constexpr (kInstance == Instance::decode_plan) load_bias();
+  if constexpr (kInstance == Instance::decode_plan) store_bias();
   __syncthreads();
   trace_point(p, 1);
   if (prefill_warp0 > 0 && warp >= prefill_warp0) prefill_plan(p, T * Kt, prefill_warp0);
