@@ -50,6 +50,29 @@ TEST(BenchPhases, MediansSpanSkewAndClockFromTimestamps) {
   EXPECT_EQ(ph.samples, 3);
 }
 
+TEST(BenchPhases, TheCtaThatEndsLastHasItsOwnPhases) {
+  // Two CTAs, three points, clocks at 2 cycles per ns. CTA 0: phases of 1000 and 2000 ns, ends at 3000 ns. CTA 1
+  // ends at 3500 ns in the first two samples (phases 500 and 2500 ns on its own clock, which starts elsewhere) and
+  // at 2500 ns in the third (phases 100 and 300 ns), where CTA 0 ends last.
+  const int ctas = 2, points = 3;
+  auto sample = [](uint64_t end1, uint64_t a, uint64_t b) {
+    return std::vector<uint64_t>{0,   0,     1000,    2000,          3000, 6000,                  // CTA 0
+                                 500, 90000, 500 + a, 90000 + 2 * a, end1, 90000 + 2 * (a + b)};  // CTA 1
+  };
+  std::vector<uint64_t> trace;
+  for (const auto& s : {sample(3500, 500, 2500), sample(3500, 500, 2500), sample(2500, 100, 300)})
+    trace.insert(trace.end(), s.begin(), s.end());
+  const RoutePhases ph = route_phases_from_trace(trace, 3, ctas * points * 2, ctas, points);
+  ASSERT_EQ(ph.last_us.size(), 2u);
+  EXPECT_NEAR(ph.cta0_us[0], 1.0, 1e-9);
+  EXPECT_NEAR(ph.cta0_us[1], 2.0, 1e-9);
+  // Medians over CTA 1, CTA 1, CTA 0: {0.5, 0.5, 1.0} and {2.5, 2.5, 2.0}.
+  EXPECT_NEAR(ph.last_us[0], 0.5, 1e-9);
+  EXPECT_NEAR(ph.last_us[1], 2.5, 1e-9);
+  EXPECT_EQ(ph.last_cta, 1);
+  EXPECT_NEAR(ph.span_us, 3.5, 1e-9);
+}
+
 TEST(BenchPhases, RejectsATraceTooShortForItsShape) {
   const std::vector<uint64_t> trace(10, 0);
   EXPECT_THROW(route_phases_from_trace(trace, 2, 8, 1, 4), InvalidArgument);
@@ -167,6 +190,18 @@ TEST(BenchRoute, ReportsCarryThePhases) {
   EXPECT_NE(js.find("\"span_us\": 6.5"), std::string::npos) << js;
   EXPECT_NE(js.find("\"tiny_plan\": false"), std::string::npos) << js;
   EXPECT_EQ(md.find("build their plan in one step"), std::string::npos) << md;
+  EXPECT_EQ(md.find("last: CTA"), std::string::npos) << md;  // one CTA: no row for the last one
+
+  // A grid: the CTA that ends last gets a row under CTA 0's, in the report and the JSON.
+  RouteResult g = r;
+  g.ctas = 16;
+  g.phases.last_us = {1.5, 2.0, 0.5, 0.25, 1.25, 0.5, 0.75};
+  g.phases.last_cta = 15;
+  const std::string gmd = route_markdown({g}, c);
+  EXPECT_NE(gmd.find("| | | last: CTA 15 | 1.50 | 2.00 | 0.50 | 0.25 | 1.25 | 0.50 | 0.75 | | | |"),
+            std::string::npos)
+      << gmd;
+  EXPECT_NE(route_json({g}, c).find("\"last_cta\": 15"), std::string::npos);
 
   // A one-step plan: the phase columns mean other things, and the report says so.
   r.tiny_plan = true;

@@ -163,19 +163,24 @@ struct RouteBenchOptions {
 /// Where one router call spends its time, from timestamps the kernel takes (%globaltimer) when asked to; medians
 /// over cold-L2 samples. `cta0_us[i]` is CTA 0's time from phase boundary i to i + 1: setup (bias, histogram
 /// zeroing), routing its tokens, counting, totals and earlier-CTA bases (the grid barrier when there is one),
-/// offsets, scatter, padding. `span_us` runs from the first CTA's start to the last CTA's end; `skew_us` is the
-/// spread of the CTAs' starts.
+/// offsets, scatter, padding. `last_us[i]` is the same for the CTA that ends last in each sample (the one the
+/// kernel's end waits for; CTA 0 reads no earlier CTA's counts, the last CTAs of a grid read the most), and
+/// `last_cta` the median of its index (rounded down). `span_us` runs from the first CTA's start to the last CTA's
+/// end; `skew_us` is the spread of the CTAs' starts.
 struct RoutePhases {
   std::vector<double> cta0_us;
+  std::vector<double> last_us;
+  int last_cta = 0;
   double span_us = 0, skew_us = 0;
   double sm_clock_ghz = 0;  // SM clock during the samples: CTA 0's clock64 cycles per %globaltimer ns
   int samples = 0;
 };
 
 /// Phase times from the router's timestamps: `trace` holds `samples` slices of `words_per_sample` uint64, each laid
-/// out [cta][point][%globaltimer ns, clock64] for `ctas` CTAs and `points` phase boundaries. CTA 0's phases come
-/// from clock64, converted with the clock measured over the samples (median of CTA 0's cycles per ns from its
-/// first to its last point); span and skew from %globaltimer; medians over the samples. Throws InvalidArgument when
+/// out [cta][point][%globaltimer ns, clock64] for `ctas` CTAs and `points` phase boundaries. The phases of CTA 0 and
+/// of the CTA that ends last (latest %globaltimer at the last point; the lowest index among equals) come from
+/// clock64, converted with the clock measured over the samples (median of CTA 0's cycles per ns from its first to
+/// its last point); span and skew from %globaltimer; medians over the samples. Throws InvalidArgument when
 /// the sizes do not fit together.
 RoutePhases route_phases_from_trace(const std::vector<uint64_t>& trace, int samples, int64_t words_per_sample,
                                     int ctas, int points);

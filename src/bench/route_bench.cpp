@@ -67,8 +67,10 @@ std::string route_markdown(const std::vector<RouteResult>& results, const Ceilin
   bool any_phases = false;
   for (const RouteResult& r : results) any_phases |= r.phases.samples > 0;
   if (any_phases) {
-    s += "\nPhases (median us, cold L2; CTA 0 from in-kernel clock64, grid span and start skew from %globaltimer):"
-         "\n\n| fixture | T | CTAs | ";
+    s +=
+        "\nPhases (median us, cold L2; CTA 0 and, below it on grids, the CTA that ends last, from in-kernel clock64; "
+        "grid span and start skew from %globaltimer):"
+        "\n\n| fixture | T | CTAs | ";
     for (const char* name : kPhaseNames) s += fmt::format("{} | ", name);
     s += "grid span | start skew | SM GHz |\n|---|---|---|";
     for (size_t i = 0; i < std::size(kPhaseNames) + 3; ++i) s += "---|";
@@ -78,6 +80,11 @@ std::string route_markdown(const std::vector<RouteResult>& results, const Ceilin
       s += fmt::format("| {} | {} | {} | ", r.c.fixture, r.c.tokens, r.ctas);
       for (double v : r.phases.cta0_us) s += fmt::format("{:.2f} | ", v);
       s += fmt::format("{:.2f} | {:.2f} | {:.2f} |\n", r.phases.span_us, r.phases.skew_us, r.phases.sm_clock_ghz);
+      if (r.ctas > 1 && r.phases.last_us.size() == r.phases.cta0_us.size()) {
+        s += fmt::format("| | | last: CTA {} | ", r.phases.last_cta);
+        for (double v : r.phases.last_us) s += fmt::format("{:.2f} | ", v);
+        s += "| | |\n";
+      }
     }
     bool any_tiny = false;
     for (const RouteResult& r : results) any_tiny |= r.phases.samples > 0 && r.tiny_plan;
@@ -139,6 +146,8 @@ std::string route_json(const std::vector<RouteResult>& results, const Ceilings& 
                             {"phases",
                              {{"names", kPhaseNames},
                               {"cta0_us", r.phases.cta0_us},
+                              {"last_cta_us", r.phases.last_us},
+                              {"last_cta", r.phases.last_cta},
                               {"span_us", r.phases.span_us},
                               {"skew_us", r.phases.skew_us},
                               {"sm_clock_ghz", r.phases.sm_clock_ghz},
@@ -155,8 +164,9 @@ RoutePhases route_phases_from_trace(const std::vector<uint64_t>& trace, int samp
   // CTA 0's phases from clock64 (cycles; %globaltimer ticks are too coarse for sub-microsecond phases), converted
   // with the SM clock measured over the same samples; span and skew across CTAs from %globaltimer.
   const int P = points;
-  std::vector<std::vector<double>> per_phase(static_cast<size_t>(P - 1));
-  std::vector<double> span, skew, cycles_per_ns;
+  std::vector<std::vector<double>> per_phase(static_cast<size_t>(P - 1)), last_phase(static_cast<size_t>(P - 1));
+  std::vector<double> span, skew, cycles_per_ns, last_index;
+  std::vector<int> last_of(static_cast<size_t>(samples), 0);
   for (int i = 0; i < samples; ++i) {
     const uint64_t* x = trace.data() + i * words_per_sample;  // [cta][point][ns, clock]
     auto ns = [&](int cta, int point) { return static_cast<double>(x[(cta * P + point) * 2]); };
@@ -166,20 +176,31 @@ RoutePhases route_phases_from_trace(const std::vector<uint64_t>& trace, int samp
     for (int c = 1; c < ctas; ++c) {
       first = std::min(first, ns(c, 0));
       last_start = std::max(last_start, ns(c, 0));
-      last = std::max(last, ns(c, P - 1));
+      if (ns(c, P - 1) > last) {
+        last = ns(c, P - 1);
+        last_of[static_cast<size_t>(i)] = c;
+      }
     }
+    last_index.push_back(last_of[static_cast<size_t>(i)]);
     span.push_back((last - first) * 1e-3);
     skew.push_back((last_start - first) * 1e-3);
   }
   const double rate = cycles_per_ns.empty() ? 1.0 : summarize(cycles_per_ns).median_us;  // cycles per ns
   for (int i = 0; i < samples; ++i) {
     const uint64_t* x = trace.data() + i * words_per_sample;
-    for (int k = 0; k + 1 < P; ++k)
-      per_phase[static_cast<size_t>(k)].push_back(
-          (static_cast<double>(x[(k + 1) * 2 + 1]) - static_cast<double>(x[k * 2 + 1])) / rate * 1e-3);
+    auto us = [&](int cta, int k) {  // CTA `cta`'s phase k from its own clock64
+      const uint64_t* c = x + static_cast<int64_t>(cta) * P * 2;
+      return (static_cast<double>(c[(k + 1) * 2 + 1]) - static_cast<double>(c[k * 2 + 1])) / rate * 1e-3;
+    };
+    for (int k = 0; k + 1 < P; ++k) {
+      per_phase[static_cast<size_t>(k)].push_back(us(0, k));
+      last_phase[static_cast<size_t>(k)].push_back(us(last_of[static_cast<size_t>(i)], k));
+    }
   }
   RoutePhases ph;
   for (auto& v : per_phase) ph.cta0_us.push_back(summarize(v).median_us);
+  for (auto& v : last_phase) ph.last_us.push_back(summarize(v).median_us);
+  ph.last_cta = static_cast<int>(summarize(last_index).median_us);
   ph.span_us = summarize(span).median_us;
   ph.skew_us = summarize(skew).median_us;
   ph.sm_clock_ghz = rate;
