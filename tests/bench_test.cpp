@@ -31,6 +31,11 @@ std::vector<uint64_t> slice(int ctas, int points, uint64_t ns0, const std::vecto
   return x;
 }
 
+void expect_phases(const std::vector<double>& us, const std::vector<double>& want) {
+  ASSERT_EQ(us.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(us[i], want[i], 1e-9) << "phase " << i;
+}
+
 TEST(BenchPhases, MediansSpanSkewAndClockFromTimestamps) {
   const int ctas = 3, points = 4;
   const std::vector<uint64_t> gaps{1000, 3000, 500};  // ns
@@ -40,10 +45,7 @@ TEST(BenchPhases, MediansSpanSkewAndClockFromTimestamps) {
     trace.insert(trace.end(), s.begin(), s.end());
   }
   const RoutePhases ph = route_phases_from_trace(trace, 3, ctas * points * 2, ctas, points);
-  ASSERT_EQ(ph.cta0_us.size(), 3u);
-  EXPECT_NEAR(ph.cta0_us[0], 1.0, 1e-9);
-  EXPECT_NEAR(ph.cta0_us[1], 3.0, 1e-9);
-  EXPECT_NEAR(ph.cta0_us[2], 0.5, 1e-9);
+  expect_phases(ph.cta0_us, {1.0, 3.0, 0.5});
   EXPECT_NEAR(ph.sm_clock_ghz, 2.0, 1e-9);
   EXPECT_NEAR(ph.span_us, 4.75, 1e-9);  // 4500 ns of CTA 0 + 250 ns tail of the others
   EXPECT_NEAR(ph.skew_us, 0.2, 1e-9);   // the last CTA starts 200 ns after the first
@@ -63,12 +65,8 @@ TEST(BenchPhases, TheCtaThatEndsLastHasItsOwnPhases) {
   for (const auto& s : {sample(3500, 500, 2500), sample(3500, 500, 2500), sample(2500, 100, 300)})
     trace.insert(trace.end(), s.begin(), s.end());
   const RoutePhases ph = route_phases_from_trace(trace, 3, ctas * points * 2, ctas, points);
-  ASSERT_EQ(ph.last_us.size(), 2u);
-  EXPECT_NEAR(ph.cta0_us[0], 1.0, 1e-9);
-  EXPECT_NEAR(ph.cta0_us[1], 2.0, 1e-9);
-  // Medians over CTA 1, CTA 1, CTA 0: {0.5, 0.5, 1.0} and {2.5, 2.5, 2.0}.
-  EXPECT_NEAR(ph.last_us[0], 0.5, 1e-9);
-  EXPECT_NEAR(ph.last_us[1], 2.5, 1e-9);
+  expect_phases(ph.cta0_us, {1.0, 2.0});
+  expect_phases(ph.last_us, {0.5, 2.5});  // medians over CTA 1, CTA 1, CTA 0: {0.5, 0.5, 1.0}, {2.5, 2.5, 2.0}
   EXPECT_EQ(ph.last_cta, 1);
   EXPECT_NEAR(ph.span_us, 3.5, 1e-9);
 }
