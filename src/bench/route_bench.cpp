@@ -165,7 +165,7 @@ RoutePhases route_phases_from_trace(const std::vector<uint64_t>& trace, int samp
   // with the SM clock measured over the same samples; span and skew across CTAs from %globaltimer.
   const int P = points;
   std::vector<std::vector<double>> per_phase(static_cast<size_t>(P - 1)), last_phase(static_cast<size_t>(P - 1));
-  std::vector<double> span, skew, cycles_per_ns, last_index;
+  std::vector<double> span, skew, cycles_per_ns;
   std::vector<int> last_of(static_cast<size_t>(samples), 0);
   for (int i = 0; i < samples; ++i) {
     const uint64_t* x = trace.data() + i * words_per_sample;  // [cta][point][ns, clock]
@@ -181,7 +181,6 @@ RoutePhases route_phases_from_trace(const std::vector<uint64_t>& trace, int samp
         last_of[static_cast<size_t>(i)] = c;
       }
     }
-    last_index.push_back(last_of[static_cast<size_t>(i)]);
     span.push_back((last - first) * 1e-3);
     skew.push_back((last_start - first) * 1e-3);
   }
@@ -200,7 +199,7 @@ RoutePhases route_phases_from_trace(const std::vector<uint64_t>& trace, int samp
   RoutePhases ph;
   for (auto& v : per_phase) ph.cta0_us.push_back(summarize(v).median_us);
   for (auto& v : last_phase) ph.last_us.push_back(summarize(v).median_us);
-  ph.last_cta = static_cast<int>(summarize(last_index).median_us);
+  ph.last_cta = static_cast<int>(summarize(std::vector<double>(last_of.begin(), last_of.end())).median_us);
   ph.span_us = summarize(span).median_us;
   ph.skew_us = summarize(skew).median_us;
   ph.sm_clock_ghz = rate;

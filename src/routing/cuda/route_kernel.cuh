@@ -399,14 +399,15 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
   // into registers before the rows and storing it after them (forty-fourth session) was faster on some calls with a
   // bias (dsv3 T = 64 0.978x, E = 1024 K = 32 T = 64 / 1024 0.964 / 0.981x), slower on others (dsv3 T = 1024 /
   // 16384 1.014 / 1.046x) and on seed6, which has none (1.023-1.047x).
+  auto bias_at = [&](int e) {  // 0 past E and without a bias
+    float b = 0.0f;
+    if (p.bias != nullptr && e < E)
+      b = p.bias_bf16 ? load_one(static_cast<const Bf16*>(p.bias) + e)
+                      : load_one(static_cast<const float*>(p.bias) + e);
+    return b;
+  };
   auto load_bias = [&] {
-    for (int e = tid; e < bias_words(E); e += kThreads) {
-      float b = 0.0f;
-      if (p.bias != nullptr && e < E)
-        b = p.bias_bf16 ? load_one(static_cast<const Bf16*>(p.bias) + e)
-                        : load_one(static_cast<const float*>(p.bias) + e);
-      bias_s[e] = rm::add(b, 0.0f);
-    }
+    for (int e = tid; e < bias_words(E); e += kThreads) bias_s[e] = rm::add(bias_at(e), 0.0f);
   };
   // The decode plan instance (T * Kt <= 32: one CTA, a few tokens) issues the row's loads first, then the bias's
   // into registers, and stores the bias just before the CTA's first barrier, after the plan's prefill and the
@@ -416,13 +417,7 @@ __global__ void __launch_bounds__(kThreads, kCtasPerSm<In, NC, LPT>)
   float bias_r[kBiasPerThread];
   auto issue_bias = [&] {
 #pragma unroll
-    for (int i = 0; i < kBiasPerThread; ++i) {
-      const int e = tid + i * kThreads;
-      bias_r[i] = 0.0f;
-      if (p.bias != nullptr && e < E)
-        bias_r[i] = p.bias_bf16 ? load_one(static_cast<const Bf16*>(p.bias) + e)
-                                : load_one(static_cast<const float*>(p.bias) + e);
-    }
+    for (int i = 0; i < kBiasPerThread; ++i) bias_r[i] = bias_at(tid + i * kThreads);
   };
   auto store_bias = [&] {
 #pragma unroll
