@@ -302,6 +302,10 @@ TEST(EpSimulate, RejectsUnequalTokenCounts) {
   EXPECT_EQ(error_of([&] { ep_simulate(a, ranks); }),
             "moekit::ep: rank 1 hidden/out ([1, 8] bf16 cpu / [1, 8] bf16 cpu) must be [T, H] = [2, 8] bf16 "
             "contiguous with logits of rank 0's dtype (every rank the same T)");
+  // Routing and experts must describe the same layer, whatever the ranks hold.
+  a.routing = make_routing_config(RoutingMethod::softmax_topk, 4, 2, 0, false);
+  EXPECT_EQ(error_of([&] { ep_simulate(a, ranks); }),
+            "moekit::ep: routing (E 4, K 2, S 0) must match the experts (E 4, K 1, S 0)");
 }
 
 }  // namespace

@@ -22,6 +22,7 @@ struct FakeRunnerConfig {
   std::function<TacticPair(int64_t)> default_for;  // set: the default pair for T (else default_pair for every T)
   std::function<double(TacticPair)> cost = [](TacticPair p) { return 1.0 + p.gemm1 + p.gemm2; };
   std::string decline;  // non-empty: check_support() says no with this reason
+  bool decline_silently = false;  // check_support() says no without a reason (a broken runner)
 };
 
 class FakeRunner final : public Runner {
@@ -49,6 +50,7 @@ class FakeRunner final : public Runner {
 
  protected:
   Support do_check_support(const LayerSpec&, Device) override {
+    if (cfg_.decline_silently) return Support::no("");
     return cfg_.decline.empty() ? Support::yes() : Support::no(cfg_.decline);
   }
   void do_build(const LayerWeights&, int64_t) override {

@@ -447,7 +447,19 @@ TEST(RoutePlan, MoveKeepsTheBuffers) {
   EXPECT_EQ(b.view().sorted_slots, nullptr);  // NOLINT(bugprone-use-after-move)
 
   // A moved-from plan refuses to be built into rather than writing through null pointers.
-  EXPECT_THROW(build_plan_reference(0, b.mutable_view()), InvalidArgument);
+  expect_error_message([&] { build_plan_reference(0, b.mutable_view()); },
+                       "moekit::plan: buffers must all be allocated (a moved-from plan has none)");
+  // route() and copy_plan() name the moved-from plan rather than its zero shape.
+  RoutingConfig cfg;
+  cfg.num_experts = 4;
+  cfg.top_k = 2;
+  std::vector<float> logits(2 * 4, 0.0f);
+  const TensorView l = TensorView::contiguous(logits.data(), DType::f32, {2, 4});
+  expect_error_message([&] { route(cfg, l, {}, b); }, "moekit::route: plan holds no buffers (it was moved from)");
+  expect_error_message([&] { copy_plan(b, c); }, "moekit::copy_plan: src holds no buffers (it was moved from)");
+  expect_error_message([&] { copy_plan(c, b); }, "moekit::copy_plan: dst holds no buffers (it was moved from)");
+  route(cfg, l, {}, c);  // the plan it moved into routes
+  EXPECT_EQ(c.view().tokens, 2);
 }
 
 TEST(RoutePlan, CudaDeviceWithoutCuda) {

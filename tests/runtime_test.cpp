@@ -180,6 +180,107 @@ TEST(Lifecycle, ChecksArgumentsOfEveryStep) {
   EXPECT_TRUE(r.executed.empty());
 }
 
+TEST(Lifecycle, ChecksTheRoutingBiasAgainstTheSpec) {
+  LayerSpec spec = small_spec();
+  HostWeights w(spec);
+  std::vector<float> bias(16, 0.0f);
+  FakeRunner r;
+  ASSERT_TRUE(r.check_support(spec, Device::cpu()).ok);
+  LayerWeights with = w.views;
+  with.routing_bias = TensorView::contiguous(bias.data(), DType::f32, {8});
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.build(with, 4); }),
+            "moekit::layer: routing_bias present in the weights (true) must match spec.routing_bias (false)");
+  spec.routing_bias = true;
+  ASSERT_TRUE(r.check_support(spec, Device::cpu()).ok);
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.build(w.views, 4); }),
+            "moekit::layer: routing_bias present in the weights (false) must match spec.routing_bias (true)");
+  LayerWeights bad = with;
+  bad.routing_bias = TensorView::contiguous(bias.data(), DType::f32, {4});
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.build(bad, 4); }),
+            "moekit::layer: routing_bias must be a 1-D [E] fp32 or bf16 tensor with E = num_experts (8), got [4] "
+            "fp32 cpu");
+  bad.routing_bias = TensorView::contiguous(bias.data(), DType::i32, {8});
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.build(bad, 4); }),
+            "moekit::layer: routing_bias must be a 1-D [E] fp32 or bf16 tensor with E = num_experts (8), got [8] "
+            "int32 cpu");
+  bad.routing_bias = TensorView::contiguous(bias.data(), DType::f32, {8});
+  bad.routing_bias.strides[0] = 2;
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.build(bad, 4); }),
+            "moekit::layer: routing_bias ([8] fp32 cpu) must be contiguous");
+  bad.routing_bias = TensorView::contiguous(bias.data(), DType::f32, {8}, Device::cuda(0));
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.build(bad, 4); }),
+            "moekit::layer: routing_bias.device (cuda:0) must be the layer device (cpu)");
+  bad.routing_bias = TensorView::contiguous(nullptr, DType::f32, {8});
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.build(bad, 4); }),
+            "moekit::layer: routing_bias.data (null) must be non-null");
+  EXPECT_EQ(r.builds, 0);
+  r.build(with, 4);
+  EXPECT_EQ(r.builds, 1);
+}
+
+TEST(Lifecycle, ChecksTheRowsOfEveryCall) {
+  const LayerSpec spec = small_spec();
+  HostWeights w(spec);
+  FakeRunner r;
+  ASSERT_TRUE(r.check_support(spec, Device::cpu()).ok);
+  r.build(w.views, 4);
+  HostInputs in(spec, 2);
+  LayerInputs bad = in.views;
+  bad.hidden = TensorView{};
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.execute(bad, {}); }),
+            "moekit::layer: hidden must be a 2-D [T, H] bf16 tensor, got none");
+  bad.hidden = TensorView::contiguous(in.hidden.data(), DType::bf16, {2, 4, 4});
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.execute(bad, {}); }),
+            "moekit::layer: hidden must be a 2-D [T, H] bf16 tensor, got [2, 4, 4] bf16 cpu");
+  bad.hidden = TensorView::contiguous(in.hidden.data(), DType::f32, {2, 16});
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.execute(bad, {}); }),
+            "moekit::layer: hidden must be a 2-D [T, H] bf16 tensor, got [2, 16] fp32 cpu");
+  bad.hidden = TensorView::contiguous(in.hidden.data(), DType::bf16, {2, 8});
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.execute(bad, {}); }),
+            "moekit::layer: hidden shape ([2, 8]) must be [T, H] = [2, 16]");
+  bad.hidden = TensorView::contiguous(in.hidden.data(), DType::bf16, {2, 16}, Device::cuda(0));
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.execute(bad, {}); }),
+            "moekit::layer: hidden.device (cuda:0) must be the layer device (cpu)");
+  bad = in.views;
+  bad.out = TensorView::contiguous(in.out.data(), DType::bf16, {3, 16});
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.execute(bad, {}); }),
+            "moekit::layer: out shape ([3, 16]) must be [T, H] = [2, 16]");
+  bad.out = TensorView::contiguous(in.out.data(), DType::bf16, {2, 16});
+  bad.out.strides[0] = 32;
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.execute(bad, {}); }),
+            "moekit::layer: out ([2, 16] bf16 cpu) must be contiguous");
+  bad.out = TensorView::contiguous(nullptr, DType::bf16, {2, 16});
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.execute(bad, {}); }),
+            "moekit::layer: out.data (null) must be non-null");
+  HostInputs three(spec, 3);
+  bad = in.views;
+  bad.logits = three.views.logits;
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.execute(bad, {}); }),
+            "moekit::layer: logits.shape[0] (3) must equal hidden.shape[0] (2)");
+  EXPECT_TRUE(r.executed.empty());
+  r.execute(in.views, {});
+  EXPECT_EQ(r.executed.size(), 1u);
+}
+
+TEST(Lifecycle, ABrokenRunnerIsAnInternalErrorNamingIt) {
+  const LayerSpec spec = small_spec();
+  FakeRunner silent({.name = "silent", .decline_silently = true});
+  EXPECT_EQ(error_of<Internal>([&] { silent.check_support(spec, Device::cpu()); }),
+            "moekit::layer: runner 'silent' declined the layer without a reason");
+  FakeRunner empty({.name = "empty", .n2 = 0});
+  EXPECT_EQ(error_of<Internal>([&] { empty.check_support(spec, Device::cpu()); }),
+            "moekit::layer: runner 'empty' supports the layer but lists no tactics (3 GEMM1, 0 GEMM2)");
+  FakeRunner stray({.name = "stray", .default_pair = {0, 3}});
+  ASSERT_TRUE(stray.check_support(spec, Device::cpu()).ok);
+  EXPECT_EQ(error_of<Internal>([&] { stray.default_tactics(1); }),
+            "moekit::layer: runner 'stray': default tactics (0, 3) are out of range");
+  HostWeights w(spec);
+  stray.build(w.views, 4);
+  EXPECT_EQ(error_of<InvalidArgument>([&] { stray.time_tactics({3, 0}, 1); }),
+            "moekit::layer: runner 'stray': tactics (3, 0) must be in [0, 3) x [0, 3)");
+  EXPECT_TRUE(stray.timed.empty());
+}
+
 // ---- registry and selection
 // ----------------------------------------------------------------------------------------
 
@@ -311,6 +412,14 @@ TEST(QuantConfig, NamesAndRules) {
             "(weight_format is mxfp4, a weight-only format)");
   q.weight_format = WeightFormat::fp8_e4m3_channel;
   q.validate();
+  q = {};
+  q.weight_format = static_cast<WeightFormat>(17);
+  EXPECT_EQ(error_of<InvalidArgument>([&] { q.validate(); }),
+            "moekit::quant: weight_format (17) must be a known weight format");
+  q = {};
+  q.activation_format = static_cast<ActivationFormat>(255);
+  EXPECT_EQ(error_of<InvalidArgument>([&] { q.validate(); }),
+            "moekit::quant: activation_format (255) must be a known activation format");
 }
 
 TEST(MoELayerConfig, ContractErrorsAreNeverHiddenByBackendFiltering) {
@@ -415,6 +524,14 @@ TEST(MoELayerTactics, ForwardRunsTheDefaultOutsideATuningScopeAndTunesInsideOne)
   // A new cache entry reaches forward() (memoized choices are dropped when the tuner changes).
   tuner.insert(tuning_key(fake, spec, 8), {"g1_0", "g2_0", {"g1_0"}, {"g2_0"}, 1.0, 1.0, 8});
   EXPECT_EQ(run(6), (TacticPair{0, 0}));
+  // Clearing the tuner drops every entry, and forward() is back on the default for every bucket.
+  const uint64_t before_clear = tuner.generation();
+  tuner.clear();
+  EXPECT_EQ(tuner.size(), 0u);
+  EXPECT_GT(tuner.generation(), before_clear);
+  EXPECT_EQ(run(6), (TacticPair{2, 2}));
+  EXPECT_EQ(run(9), (TacticPair{2, 2}));
+  EXPECT_FALSE(layer.choice(9).tuned);
   // Explicit tuning through the layer.
   const int64_t tokens[] = {40};
   std::vector<TuneResult> res = layer.tune(tokens);

@@ -90,12 +90,13 @@ class RoutePlan {
 
 /// Copies the plan arrays of src's last call (src.view().tokens tokens: every array of RoutePlanView except the
 /// router's workspace) into `dst` and sets dst's token count. Host to host, host to CUDA and CUDA to host;
-/// synchronous. Throws InvalidArgument when E, K, S or B differ or dst.max_tokens < src's tokens, NotSupported for
-/// two CUDA plans or without CUDA, CudaError when a copy fails.
+/// synchronous. Throws InvalidArgument when either plan was moved from, when E, K, S or B differ or dst.max_tokens <
+/// src's tokens, NotSupported for two CUDA plans or without CUDA, CudaError when a copy fails.
 void copy_plan(const RoutePlan& src, RoutePlan& dst);
 
 /// CPU reference plan from topk ids: fills every field of `plan` except topk_ids/topk_weights (read from it) for
-/// `tokens` tokens. `plan` must be a host plan. Deterministic.
+/// `tokens` tokens. `plan` must be a host plan with every buffer set (InvalidArgument otherwise, e.g. for the view
+/// of a moved-from plan). Deterministic.
 void build_plan_reference(int64_t tokens, RoutePlanView& plan);
 
 /// Routes `logits` [T, E] into `plan`: top-k ids and weights, then the whole plan, and the replay rows.
@@ -103,7 +104,8 @@ void build_plan_reference(int64_t tokens, RoutePlanView& plan);
 /// and no host synchronization (capturable in a CUDA graph). Inputs must live on the plan's device. The kernel
 /// lets programmatic dependents start early: a kernel launched after it with programmatic stream serialization
 /// must execute griddepcontrol.wait (cudaGridDependencySynchronize) before it reads the plan.
-/// Throws InvalidArgument (validate_route_args, or a plan shape that does not match cfg), CudaError.
+/// Throws InvalidArgument (validate_route_args, a moved-from plan, or a plan shape that does not match cfg),
+/// CudaError.
 void route(const RoutingConfig& cfg, const TensorView& logits, const TensorView& bias, RoutePlan& plan,
            Stream stream = nullptr, const TensorView& replay = {});
 

@@ -161,6 +161,12 @@ void free_storage(Device device, void* p) noexcept {
 #endif
 }
 
+// A moved-from plan keeps no buffers and a zero shape; name that instead of its shape's first broken rule.
+void require_buffers(std::string_view op, std::string_view name, const RoutePlan& plan) {
+  if (plan.view().topk_ids == nullptr)
+    throw InvalidArgument(op, fmt::format("{} holds no buffers (it was moved from)", name));
+}
+
 }  // namespace
 
 int64_t plan_capacity(int64_t tokens, int num_experts, int top_k, int num_shared_experts, int block) {
@@ -220,6 +226,8 @@ RoutePlan& RoutePlan::operator=(RoutePlan&& other) noexcept {
 }
 
 void copy_plan(const RoutePlan& src, RoutePlan& dst) {
+  require_buffers("copy_plan", "src", src);
+  require_buffers("copy_plan", "dst", dst);
   const PlanShape &a = src.shape(), &b = dst.shape();
   const int64_t t = src.view().tokens;
   if (a.num_experts != b.num_experts || a.top_k != b.top_k || a.num_shared_experts != b.num_shared_experts ||
@@ -260,6 +268,7 @@ void copy_plan(const RoutePlan& src, RoutePlan& dst) {
 
 void route(const RoutingConfig& cfg, const TensorView& logits, const TensorView& bias, RoutePlan& plan, Stream stream,
            const TensorView& replay) {
+  require_buffers("route", "plan", plan);
   const PlanShape& shape = plan.shape();
   validate_route_args(cfg, logits, bias, replay, shape.max_tokens, plan.device());
   auto require_equal = [](std::string_view field, int plan_value, int cfg_value) {

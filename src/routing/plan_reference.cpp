@@ -12,15 +12,15 @@
 namespace moekit {
 
 void build_plan_reference(int64_t tokens, RoutePlanView& plan) {
+  if (plan.topk_ids == nullptr || plan.expert_counts == nullptr || plan.expert_offsets == nullptr ||
+      plan.sorted_slots == nullptr || plan.slot_rows == nullptr || plan.block_experts == nullptr ||
+      plan.extent == nullptr)
+    throw InvalidArgument("plan", "buffers must all be allocated (a moved-from plan has none)");
   const PlanShape& shape = plan.shape;
   shape.validate();
   if (tokens < 0 || tokens > shape.max_tokens)
     throw InvalidArgument("plan",
                           fmt::format("tokens ({}) must be in [0, max_tokens ({})]", tokens, shape.max_tokens));
-  if (plan.topk_ids == nullptr || plan.expert_counts == nullptr || plan.expert_offsets == nullptr ||
-      plan.sorted_slots == nullptr || plan.slot_rows == nullptr || plan.block_experts == nullptr ||
-      plan.extent == nullptr)
-    throw InvalidArgument("plan", "buffers must all be allocated (a moved-from plan has none)");
 
   const int groups = shape.groups();
   const int64_t slots = shape.slots();
