@@ -21,7 +21,7 @@ struct FakeRunnerConfig {
   TacticPair default_pair{0, 0};
   std::function<TacticPair(int64_t)> default_for;  // set: the default pair for T (else default_pair for every T)
   std::function<double(TacticPair)> cost = [](TacticPair p) { return 1.0 + p.gemm1 + p.gemm2; };
-  std::string decline;  // non-empty: check_support() says no with this reason
+  std::string decline;            // non-empty: check_support() says no with this reason
   bool decline_silently = false;  // check_support() says no without a reason (a broken runner)
 };
 

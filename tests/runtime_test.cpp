@@ -276,7 +276,9 @@ TEST(Lifecycle, ABrokenRunnerIsAnInternalErrorNamingIt) {
             "moekit::layer: runner 'stray': default tactics (0, 3) are out of range");
   HostWeights w(spec);
   stray.build(w.views, 4);
-  EXPECT_EQ(error_of<InvalidArgument>([&] { stray.time_tactics({3, 0}, 1); }),
+  EXPECT_EQ(error_of<InvalidArgument>([&] {
+              stray.time_tactics({3, 0}, 1);
+            }),
             "moekit::layer: runner 'stray': tactics (3, 0) must be in [0, 3) x [0, 3)");
   EXPECT_TRUE(stray.timed.empty());
 }
