@@ -853,5 +853,60 @@ TEST(TuneCommand, TunesAPresetOnTheReferenceRunnerAndShowsTheCache) {
   fs::remove_all(dir);
 }
 
+// A cache written on another machine is ignored (its entries are said to be), then replaced by this machine's.
+TEST(TuneCommand, ACacheFromAnotherMachineIsIgnoredAndReplaced) {
+  if (!std::filesystem::exists(MOEKIT_CLI_PATH)) GTEST_SKIP() << "moekit CLI not built at " << MOEKIT_CLI_PATH;
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("moekit_tune_other_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string cache = (dir / "tune.json").string();
+  Command first = run_cli("tune --preset qwen3-30b-a3b --tokens 1,2 --cache " + cache + " --device cpu");
+  ASSERT_EQ(first.status, 0) << first.output;
+  std::string text = file_text(cache);
+  const std::string here = "\"device_name\": \"cpu\"";
+  const size_t at = text.find(here);
+  ASSERT_NE(at, std::string::npos) << text;
+  text.replace(at, here.size(), "\"device_name\": \"Another GPU\"");
+  std::ofstream(cache) << text;
+  Command second = run_cli("tune --preset qwen3-30b-a3b --tokens 1 --cache " + cache + " --device cpu");
+  ASSERT_EQ(second.status, 0) << second.output;
+  EXPECT_NE(second.output.find("ignoring 2 entries of " + cache +
+                               ": metadata differs: device_name ('cpu' vs 'Another GPU') (this machine vs the file)"),
+            std::string::npos)
+      << second.output;
+  EXPECT_NE(
+      second.output.find("saved 1 entries to " + cache + " (0 kept from the file, 2 dropped: metadata mismatch)"),
+      std::string::npos)
+      << second.output;
+  const std::string after = file_text(cache);
+  EXPECT_NE(after.find(here), std::string::npos) << after;
+  EXPECT_EQ(after.find("Another GPU"), std::string::npos) << after;
+  fs::remove_all(dir);
+}
+
+TEST(TuneCommand, OptionValuesOutsideTheirChoicesAreNamed) {
+  if (!std::filesystem::exists(MOEKIT_CLI_PATH)) GTEST_SKIP() << "moekit CLI not built at " << MOEKIT_CLI_PATH;
+  const std::pair<std::string, std::string> cases[] = {
+      {"--device gpu", "moekit::tune: --device ('gpu') must be auto, cpu, cuda or cuda:N"},
+      {"--device cuda:x", "moekit::tune: --device ('cuda:x') must be auto, cpu, cuda or cuda:N"},
+      {"--mode fast", "moekit::tune: --mode ('fast') must be skip, shortlist or full"},
+      {"--progress dots", "moekit::tune: --progress ('dots') must be auto, bar, lines or none"},
+      {"--tokens 1,x", "token list entry 'x' must be a positive integer (list: '1,x')"},
+      {"--tokens 0", "token list entry '0' must be a positive integer (list: '0')"},
+  };
+  for (const auto& [option, message] : cases) {
+    const std::string tokens = option.rfind("--tokens", 0) == 0 ? "" : " --tokens 1";
+    Command c = run_cli("tune --preset qwen3-30b-a3b --cache /nonexistent/t.json " + option + tokens);
+    EXPECT_EQ(c.status, 1) << option << ": " << c.output;
+    EXPECT_NE(c.output.find(message), std::string::npos) << option << ": " << c.output;
+  }
+  Command both = run_cli("tune --show /nonexistent/t.json --preset qwen3-30b-a3b");
+  EXPECT_EQ(both.status, 1) << both.output;
+  EXPECT_NE(both.output.find("moekit::tune: --show PATH prints a cache and takes no --preset, --tokens or --cache"),
+            std::string::npos)
+      << both.output;
+}
+
 }  // namespace
 }  // namespace moekit

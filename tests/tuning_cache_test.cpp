@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -204,6 +205,33 @@ TEST(TuningCache, CorruptedFileIsReportedAndLeftAlone) {
     EXPECT_EQ(std::string(e.what()),
               "moekit::tuner: cache file '" + (dir / "absent.json").string() + "' does not exist");
   }
+  fs::remove_all(dir);
+}
+
+// Places a cache cannot be saved to are named with the reason; nothing is left behind (root may write anywhere,
+// so these are places no user can write to: below a regular file, and over a folder).
+TEST(TuningCache, PlacesThatCannotHoldTheFileAreNamed) {
+  const fs::path dir = temp_dir();
+  const fs::path file = dir / "plain";
+  write_all(file, "x");
+  Autotuner tuner(test_metadata());
+  tuner.insert("k", {"g1_0", "g2_0", {"g1_0"}, {"g2_0"}, 1.0, 1.0, 1});
+  const fs::path below = file / "sub" / "cache.json";
+  EXPECT_EQ(error_of([&] { tuner.save(below); }),
+            fmt::format("moekit::tuner: cache file '{}' cannot be created: folder '{}': Not a directory",
+                        below.string(), (file / "sub").string()));
+  const fs::path folder = dir / "folder.json";
+  fs::create_directories(folder);
+  const std::string is_folder =
+      fmt::format("moekit::tuner: cache file '{}' is a folder, not a file", folder.string());
+  EXPECT_EQ(error_of([&] { tuner.save(folder); }), is_folder);
+  EXPECT_EQ(error_of([&] { tuner.load(folder); }), is_folder);
+  EXPECT_EQ(error_of([&] { Autotuner::read_file(folder); }), is_folder);
+  EXPECT_TRUE(fs::is_directory(folder));
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"folder.json", "folder.json.lock", "plain"}));
   fs::remove_all(dir);
 }
 

@@ -155,6 +155,7 @@ std::optional<std::string> read_text(const fs::path& p) {
     if (ec) bad_file(p, fmt::format("cannot be inspected: {}", ec.message()));
     return std::nullopt;
   }
+  if (fs::is_directory(p, ec)) bad_file(p, "is a folder, not a file");
   std::ifstream in(p, std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
