@@ -87,6 +87,33 @@ TEST(TensorView, ContiguousShapeAndStrides) {
   }
 }
 
+TEST(TensorView, OverlapsComparesTheBytesTheElementsSpan) {
+  float buf[32];
+  const TensorView a = TensorView::contiguous(buf, DType::f32, {2, 4});  // bytes [0, 32)
+  EXPECT_TRUE(a.overlaps(a));
+  EXPECT_TRUE(a.overlaps(TensorView::contiguous(buf + 7, DType::f32, {3})));   // shares element 7
+  EXPECT_FALSE(a.overlaps(TensorView::contiguous(buf + 8, DType::f32, {3})));  // starts where a ends
+  EXPECT_TRUE(TensorView::contiguous(buf + 8, DType::f32, {3})
+                  .overlaps(TensorView::contiguous(buf, DType::bf16, {17})));  // 34 bytes
+  EXPECT_FALSE(
+      TensorView::contiguous(buf + 8, DType::f32, {3}).overlaps(TensorView::contiguous(buf, DType::bf16, {16})));
+  // Strided: the span runs from the lowest element to the highest, gaps included.
+  TensorView cols = TensorView::contiguous(buf, DType::f32, {4, 2});
+  cols.strides = {8, 1};  // rows 8 floats apart: elements 0..25
+  EXPECT_TRUE(cols.overlaps(TensorView::contiguous(buf + 25, DType::f32, {1})));
+  EXPECT_FALSE(cols.overlaps(TensorView::contiguous(buf + 26, DType::f32, {6})));
+  TensorView reversed = TensorView::contiguous(buf + 20, DType::f32, {4});
+  reversed.strides = {-4};  // elements 20, 16, 12, 8
+  EXPECT_TRUE(reversed.overlaps(TensorView::contiguous(buf + 8, DType::f32, {1})));
+  EXPECT_FALSE(reversed.overlaps(TensorView::contiguous(buf, DType::f32, {8})));
+  EXPECT_FALSE(reversed.overlaps(TensorView::contiguous(buf + 21, DType::f32, {4})));
+  // Other devices, absent views, no elements, no data.
+  EXPECT_FALSE(a.overlaps(TensorView::contiguous(buf, DType::f32, {2, 4}, Device::cuda(0))));
+  EXPECT_FALSE(a.overlaps(TensorView{}));
+  EXPECT_FALSE(a.overlaps(TensorView::contiguous(buf, DType::f32, {0, 4})));
+  EXPECT_FALSE(TensorView::contiguous(nullptr, DType::f32, {2, 4}).overlaps(a));
+}
+
 TEST(Device, QueriesNeverThrowWithoutAGpu) {
   int n = cuda_device_count();
   EXPECT_GE(n, 0);

@@ -457,6 +457,37 @@ TEST(ExpertsReference, ResultIndependentOfTokenChunks) {
   expect_close(whole, layer_fp64(p));
 }
 
+// out may be hidden itself: each chunk reads its rows of hidden before it writes them, and later chunks read rows
+// no earlier chunk wrote. An out that overlaps hidden otherwise is rejected, before anything is written.
+TEST(ExpertsReference, InPlaceGivesTheSameResult) {
+  ExpertConfig c = make_expert_config(6, 2, 32, 16, 1);
+  Problem p = make_problem(c, 11, 37, true);
+  const std::vector<float> apart = p.run(2);
+  const std::vector<uint16_t> hidden = p.hidden;
+  for (int64_t chunk : {0, 1, 4}) {
+    std::vector<uint16_t> buf = hidden;
+    const TensorView v = TensorView::contiguous(buf.data(), DType::bf16, {11, 32});
+    if (chunk > 0)
+      detail::experts_reference_chunked(c, p.weights(), v, p.plan(), v, 2, chunk);
+    else
+      experts_reference(c, p.weights(), v, p.plan(), v, 2);
+    std::vector<float> got(buf.size());
+    for (size_t i = 0; i < buf.size(); ++i) got[i] = bf16_to_float(buf[i]);
+    EXPECT_EQ(got, apart) << "chunk " << chunk;
+  }
+  std::vector<uint16_t> wide(hidden.size() + 64);
+  std::copy(hidden.begin(), hidden.end(), wide.begin());
+  const TensorView h = TensorView::contiguous(wide.data(), DType::bf16, {11, 32});
+  const TensorView later = TensorView::contiguous(wide.data() + 32, DType::bf16, {11, 32});
+  EXPECT_EQ(error_of([&] { experts_reference(c, p.weights(), h, p.plan(), later, 2); }),
+            "moekit::experts: out ([11, 32] bf16 cpu) must be hidden itself (in place) or share no byte with it; "
+            "it starts 64 bytes after hidden");
+  EXPECT_EQ(error_of([&] { experts_reference(c, p.weights(), later, p.plan(), h, 2); }),
+            "moekit::experts: out ([11, 32] bf16 cpu) must be hidden itself (in place) or share no byte with it; "
+            "it starts 64 bytes before hidden");
+  EXPECT_TRUE(std::equal(hidden.begin(), hidden.end(), wide.begin()));
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Validation
 

@@ -716,6 +716,19 @@ TEST_P(MoELayerReference, MatchesADirectComputation) {
   }
   // Replay rows past T are untouched.
   for (size_t i = static_cast<size_t>(T) * K; i < replay.size(); ++i) EXPECT_EQ(replay[i], -7);
+
+  // In place (out is hidden) gives the same output; an out that overlaps hidden otherwise is rejected.
+  std::vector<uint16_t> in_place = hidden;
+  const TensorView io = TensorView::contiguous(in_place.data(), DType::bf16, {T, H});
+  const TensorView l = TensorView::contiguous(const_cast<float*>(&logits[0][0]), DType::f32, {T, E});
+  layer.forward(io, l, io);
+  EXPECT_EQ(in_place, out);
+  std::vector<uint16_t> wide(static_cast<size_t>(T + 1) * H);
+  const TensorView lower = TensorView::contiguous(wide.data(), DType::bf16, {T, H});
+  const TensorView upper = TensorView::contiguous(wide.data() + H, DType::bf16, {T, H});
+  EXPECT_EQ(error_of<InvalidArgument>([&] { layer.forward(lower, l, upper); }),
+            "moekit::layer: out ([3, 8] bf16 cpu) must be hidden itself (in place) or share no byte with it; it "
+            "starts 16 bytes after hidden");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, MoELayerReference, ::testing::Values(ReferenceCase{0, false}, ReferenceCase{1, true}),

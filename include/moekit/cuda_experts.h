@@ -88,7 +88,8 @@ class CudaExperts {
   /// out [T, H] bf16 = experts(hidden [T, H] bf16) for the plan's T = plan.view().tokens tokens.
   /// Preconditions (checked, InvalidArgument): plan on this device with E, K and S of the config and B of
   /// CudaExpertsArgs::block; T <= max_tokens;
-  /// hidden and out contiguous bf16 on this device, 16-byte aligned, with T rows of H. Tactic indices must exist
+  /// hidden and out contiguous bf16 on this device, 16-byte aligned, with T rows of H, out either hidden itself (in
+  /// place: the kernels read hidden before they write out) or sharing no byte with it. Tactic indices must exist
   /// (NotSupported lists those that do). Enqueues kernels on `stream` (a cudaStream_t); no allocation, no host
   /// synchronization, capturable in a CUDA graph; the plan is read on the device when the kernels run, so a
   /// graph replay picks up new routing. Throws CudaError when a launch fails.

@@ -153,7 +153,8 @@ class EpLayer {
   EpLayer& operator=(EpLayer&&) noexcept;
 
   /// out [T, H] bf16 = the whole MoE layer (all W ranks' experts) applied to this rank's hidden [T, H] bf16
-  /// routed by its logits [T, E] fp32/bf16 (unit stride in E). Collective: every rank calls it with the same T
+  /// routed by its logits [T, E] fp32/bf16 (unit stride in E); out may be hidden itself (in place), and must not
+  /// overlap it otherwise. Collective: every rank calls it with the same T
   /// (<= max_tokens) and logits dtype, in the same order. No allocation, no host synchronization: capturable in a
   /// CUDA graph (per rank, after one eager call). Throws InvalidArgument for bad inputs, CudaError when a CUDA or
   /// NCCL call fails.

@@ -97,7 +97,8 @@ void rearrange_gate_up(const TensorView& src, GateUpLayout from, const TensorVie
 float apply_activation(Activation a, const ActivationParams& p, float gate, float up);
 
 /// CPU reference for the experts: hidden [T, H] bf16 and a host plan (T = plan.tokens) -> out [T, H] bf16.
-/// Accumulates in fp32 and keeps intermediates in fp32. `threads` = 0 uses every hardware thread.
+/// Accumulates in fp32 and keeps intermediates in fp32. `threads` = 0 uses every hardware thread. `out` may be
+/// `hidden` itself (in place); an out that overlaps hidden otherwise is rejected.
 /// Throws InvalidArgument on a mismatch between cfg, weights, plan and tensors.
 void experts_reference(const ExpertConfig& cfg, const ExpertWeights& weights, const TensorView& hidden,
                        const RoutePlanView& plan, const TensorView& out, int threads = 0);

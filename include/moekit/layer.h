@@ -86,7 +86,7 @@ struct LayerWeights {
 struct LayerInputs {
   TensorView hidden;  // [T, H] bf16, contiguous
   TensorView logits;  // [T, E] fp32/bf16, unit stride in E
-  TensorView out;     // [T, H] bf16, contiguous (written)
+  TensorView out;     // [T, H] bf16, contiguous (written); hidden itself or no byte of it
   TensorView replay;  // optional [R, K] int16, R >= T (routing replay)
 };
 
@@ -275,7 +275,8 @@ class MoELayer {
   /// T <= max_tokens; optional replay [R, K] int16 receives the routed ids. Runs the tuner's choice: the cached
   /// winner of T's bucket, else (no entry, or a winner that is the default where the bucket was timed) the runner's
   /// default heuristic for T; inside a TuningScope a bucket without an entry is tuned first (on the scope's logits,
-  /// else on this call's).
+  /// else on this call's). `out` may be `hidden` itself (in place: each row of hidden is read before that row of
+  /// out is written); an out that overlaps hidden otherwise is rejected.
   /// The first call per bucket looks the choice up (host allocation); later calls reuse it until the tuner changes.
   /// Throws InvalidArgument for bad inputs.
   void forward(const TensorView& hidden, const TensorView& logits, const TensorView& out, Stream stream = nullptr,

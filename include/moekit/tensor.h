@@ -56,6 +56,9 @@ struct TensorView {
   bool is_contiguous() const;
   /// "[3, 8] bf16 cuda:0"
   std::string describe() const;
+  /// Whether the bytes this view's elements span (from its lowest element to its highest) share a byte with
+  /// `other`'s on the same device. Absent views, views without data and views of no elements overlap nothing.
+  bool overlaps(const TensorView& other) const;
 
   /// The data pointer as T* (no check of dtype).
   template <class T>

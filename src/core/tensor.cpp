@@ -3,6 +3,9 @@
 
 #include <fmt/format.h>
 
+#include <utility>
+
+#include "core/in_place.h"
 #include "moekit/error.h"
 
 namespace moekit {
@@ -49,6 +52,27 @@ bool TensorView::is_contiguous() const {
   return true;
 }
 
+namespace {
+
+// [begin, end) of the bytes from a view's lowest element to its highest; empty when it has no elements or data.
+std::pair<uintptr_t, uintptr_t> byte_span(const TensorView& v) {
+  if (v.data == nullptr || v.numel() == 0) return {0, 0};
+  int64_t low = 0, high = 0;  // element offsets from data
+  for (int d = 0; d < v.ndim; ++d) (v.strides[d] < 0 ? low : high) += (v.shape[d] - 1) * v.strides[d];
+  const auto at = reinterpret_cast<uintptr_t>(v.data);
+  const int64_t size = dtype_size(v.dtype);
+  return {at + static_cast<uintptr_t>(low * size), at + static_cast<uintptr_t>((high + 1) * size)};
+}
+
+}  // namespace
+
+bool TensorView::overlaps(const TensorView& other) const {
+  if (!(device == other.device)) return false;
+  const auto [a0, a1] = byte_span(*this);
+  const auto [b0, b1] = byte_span(other);
+  return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
+}
+
 std::string TensorView::describe() const {
   std::string s = "[";
   for (int d = 0; d < ndim; ++d) s += (d ? ", " : "") + std::to_string(shape[d]);
@@ -56,3 +80,16 @@ std::string TensorView::describe() const {
 }
 
 }  // namespace moekit
+
+namespace moekit::detail {
+
+std::string in_place_problem(const TensorView& out, std::string_view out_name, const TensorView& in,
+                             std::string_view in_name) {
+  if (out.data == in.data || !out.overlaps(in)) return {};
+  const auto from = reinterpret_cast<uintptr_t>(in.data), to = reinterpret_cast<uintptr_t>(out.data);
+  return fmt::format("{} ({}) must be {} itself (in place) or share no byte with it; it starts {} bytes {} {}",
+                     out_name, out.describe(), in_name, to > from ? to - from : from - to,
+                     to > from ? "after" : "before", in_name);
+}
+
+}  // namespace moekit::detail

@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/in_place.h"
 #include "experts/internal.h"
 #include "moekit/error.h"
 #include "moekit/experts.h"
@@ -150,6 +151,7 @@ void experts_reference_chunked(const ExpertConfig& cfg, const ExpertWeights& wei
   const int64_t tokens = plan.tokens, H = cfg.hidden, I = cfg.intermediate;
   check_expert_tensor(hidden, "hidden", "[T, H]", {tokens, H}, false, Device::cpu());
   check_expert_tensor(out, "out", "[T, H]", {tokens, H}, false, Device::cpu());
+  if (std::string why = in_place_problem(out, "out", hidden, "hidden"); !why.empty()) fail_experts(why);
   if (threads < 0) detail::fail_experts(fmt::format("threads ({}) must be >= 0", threads));
   if (threads == 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   if (tokens == 0) return;

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/in_place.h"
 #include "moekit/device.h"
 #include "moekit/error.h"
 #include "moekit/expert_parallel.h"
@@ -156,6 +157,8 @@ void EpLayer::forward(const TensorView& hidden, const TensorView& logits, const 
     throw InvalidArgument("ep", fmt::format("tokens ({}) must be in 0..{} (max_tokens)", T, m.args.max_tokens));
   check_rows(hidden, "hidden");
   check_rows(out, "out");
+  if (std::string why = detail::in_place_problem(out, "out", hidden, "hidden"); !why.empty())
+    throw InvalidArgument("ep", why);
   validate_route_args(m.args.routing, logits, m.args.routing_bias, {}, m.args.max_tokens, dev);
   if (logits.size(0) != T)
     throw InvalidArgument("ep", fmt::format("logits rows ({}) must equal hidden rows ({})", logits.size(0), T));

@@ -6,6 +6,7 @@
 #include <string>
 #include <utility>
 
+#include "core/in_place.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
 
@@ -137,6 +138,7 @@ void validate_layer_inputs(const LayerSpec& spec, const LayerInputs& in, int64_t
   if (tokens > max_tokens) fail(fmt::format("tokens ({}) must be <= max_tokens ({})", tokens, max_tokens));
   check_rows("hidden", in.hidden, tokens, spec.experts.hidden, device);
   check_rows("out", in.out, tokens, spec.experts.hidden, device);
+  if (std::string why = detail::in_place_problem(in.out, "out", in.hidden, "hidden"); !why.empty()) fail(why);
   validate_route_args(spec.routing, in.logits, TensorView{}, in.replay, max_tokens, device);
   if (in.logits.shape[0] != tokens)
     fail(fmt::format("logits.shape[0] ({}) must equal hidden.shape[0] ({})", in.logits.shape[0], tokens));

@@ -567,6 +567,16 @@ TEST(CudaExperts, RejectsBadArguments) {
               "moekit::experts: hidden ([5, 520] fp16 cuda:0) must be [T, H] = [5, 520] "
               "bf16 contiguous on cuda:0");
   }
+  // A view 16 bytes into hidden (rejected before any kernel runs, so it may reach past the buffer).
+  const TensorView shifted = TensorView::contiguous(static_cast<uint16_t*>(dh.data()) + 8, DType::bf16, {t, h}, dev);
+  try {
+    layer.run(dplan, hv, shifted);
+    ADD_FAILURE() << "no exception for an out that overlaps hidden";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()),
+              "moekit::experts: out ([5, 520] bf16 cuda:0) must be hidden itself (in place) or share no byte with "
+              "it; it starts 16 bytes after hidden");
+  }
   CudaExpertsArgs bad{c.cfg, dw.view, 0, c.block, dev};
   try {
     CudaExperts l2(bad);

@@ -227,6 +227,35 @@ TEST_F(GpuLayer, EveryTacticPairMatchesTheReference) {
   }
 }
 
+// out may be hidden itself: every tactic pair reads hidden (the gather, or the first GEMV) before the combine writes
+// out, so in place gives the bytes that separate buffers give. An out that overlaps hidden otherwise is rejected.
+TEST_F(GpuLayer, InPlaceGivesTheSameBytesForEveryTacticPair) {
+  MOEKIT_REQUIRE_SM90();
+  const LayerSpec s = reduced_spec(find_preset("qwen3-30b-a3b"));
+  LayerData w(s, rng_);
+  MoELayer gpu(s.experts, s.routing, s.quant, w.gpu, options("cuda_bf16", 1000, &tuner_));
+  Runner& r = gpu.runner();
+  Inputs in(s, 1000);
+  for (int64_t t : {1, 5, 64, 1000}) {
+    in.refill(rng_, t);
+    for (int a = 0; a < static_cast<int>(r.gemm1_tactics().size()); ++a)
+      for (int b = 0; b < static_cast<int>(r.gemm2_tactics().size()); ++b) {
+        in.poison_out(t);
+        r.execute({in.gpu_hidden(t), in.gpu_logits(t), in.gpu_out(t), {}}, {a, b});
+        const std::vector<uint16_t> apart = in.download_out(t);
+        in.d_out.upload(in.hidden.data(), in.hidden.size() * 2);
+        r.execute({in.gpu_out(t), in.gpu_logits(t), in.gpu_out(t), {}}, {a, b});
+        EXPECT_EQ(in.download_out(t), apart) << "T=" << t << " pair " << a << "/" << b;
+      }
+  }
+  const TensorView h = in.gpu_hidden(4);
+  const TensorView shifted = TensorView::contiguous(static_cast<uint16_t*>(in.d_hidden.data()) + 264, DType::bf16,
+                                                    {4, 264}, Device::cuda(0));
+  EXPECT_EQ(error_of([&] { gpu.forward(h, in.gpu_logits(4), shifted); }),
+            "moekit::layer: out ([4, 264] bf16 cuda:0) must be hidden itself (in place) or share no byte with it; "
+            "it starts 528 bytes after hidden");
+}
+
 TEST_F(GpuLayer, GraphCaptureReplaysWithNewData) {
   MOEKIT_REQUIRE_SM90();
   const LayerSpec s = reduced_spec(find_preset("deepseek-v3"));

@@ -13,6 +13,7 @@
 #include <climits>
 #include <string>
 
+#include "core/in_place.h"
 #include "experts/cuda/experts_kernels.h"
 #include "moekit/device.h"
 #include "moekit/error.h"
@@ -431,6 +432,8 @@ void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const Ten
   };
   check_act(hidden, "hidden");
   check_act(out, "out");
+  if (std::string why = detail::in_place_problem(out, "out", hidden, "hidden"); !why.empty())
+    throw InvalidArgument("experts", why);
   const ExpertTactic def = default_tactic(t);
   if (tactic.gemm1 < 0) tactic.gemm1 = def.gemm1;
   if (tactic.gemm2 < 0) tactic.gemm2 = def.gemm2;

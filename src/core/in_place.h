@@ -1,0 +1,17 @@
+// The one rule for an output that may replace its input (MoE layers and experts write `out` after their last read
+// of `hidden`, so out may be hidden itself), shared by every backend so that they reject the same calls alike.
+#pragma once
+
+#include <string>
+
+#include "moekit/tensor.h"
+
+namespace moekit::detail {
+
+/// Empty when `out` is `in` itself (same first byte) or shares no byte with it; otherwise the broken rule, e.g.
+/// "out ([4, 16] bf16 cpu) must be hidden itself (in place) or share no byte with it; it starts 64 bytes after
+/// hidden". For two views of the same shape and dtype.
+std::string in_place_problem(const TensorView& out, std::string_view out_name, const TensorView& in,
+                             std::string_view in_name);
+
+}  // namespace moekit::detail
