@@ -71,7 +71,8 @@ struct CudaExpertsArgs {
   Device device = Device::cuda(0);
 };
 
-/// The bf16 expert layer on one sm90 GPU. Construction validates and allocates; run() only launches kernels.
+/// The bf16 expert layer on one sm90 GPU. Construction validates and allocates; run() only launches kernels. Every
+/// run() uses the same workspace: runs on different streams must be ordered by the caller (an event).
 class CudaExperts {
  public:
   /// Validates config and weights (validate_expert_weights, op "experts"), the 16-byte alignment of w13 and w2 (TMA

@@ -141,7 +141,8 @@ struct EpLayerArgs {
 };
 
 /// One rank's share of an expert-parallel MoE layer on sm90 GPUs (bf16 experts). Construction validates and
-/// allocates everything; forward() only enqueues kernels and NCCL calls on the caller's stream.
+/// allocates everything; forward() only enqueues kernels and NCCL calls on the caller's stream. Every forward()
+/// uses the same buffers: calls on different streams must be ordered by the caller (an event).
 class EpLayer {
  public:
   /// Validates the configs (op "experts"/"route"/"ep"), that E, K, S agree, and the weights against this rank's

@@ -259,7 +259,10 @@ struct LayerOptions {
   Autotuner* tuner = nullptr;  // nullptr = Autotuner::global(); must outlive the layer
 };
 
-/// One MoE layer on one device. Not thread-safe: one forward() at a time per layer (layers are independent).
+/// One MoE layer on one device. Not thread-safe: one forward() at a time per layer (layers are independent). On a
+/// GPU every call reuses the layer's workspace (its route plan and intermediate rows): calls enqueued on different
+/// streams must be ordered by the caller (an event), or they overwrite each other's intermediates; a layer per
+/// stream avoids that.
 class MoELayer {
  public:
   /// Validates the configs (errors propagate: InvalidArgument naming the field), the weights (bf16 layers), the

@@ -62,7 +62,8 @@ struct RoutePlanView {
 };
 
 /// Owns a plan's buffers on one device. Allocated once (cudaMalloc on a GPU), reused by every call and by
-/// CUDA-graph replays; moving is allowed, copying is not.
+/// CUDA-graph replays; moving is allowed, copying is not. Calls that write one plan (route() on different streams)
+/// must be ordered by the caller: they share its arrays and the router's grid-barrier workspace.
 class RoutePlan {
  public:
   /// Allocates for `shape` on `device`. Throws InvalidArgument for a bad shape, NotSupported for a CUDA device in
