@@ -1,9 +1,10 @@
 // Fuzz target for moekit::MoELayer on the CPU (the reference runner): a small layer (every routing method, shared
 // experts, biases, activations, gate/up layouts) and one forward() call are decoded from the input bytes, with at
-// most one fault: configs that disagree, a quantized layer, a tensor of the wrong shape or dtype, too many tokens, a
-// bad max_tokens, an unknown backend. Without a fault, forward() must give bit for bit what route() and
-// experts_reference() give on the same inputs, and fill the replay rows; with one, the layer must throw the
-// documented error (InvalidArgument, or NotSupported for the quantized layer) whose message names the bad argument.
+// most one fault: configs that disagree, a quantized layer, a tensor of the wrong shape or dtype, an out that
+// overlaps hidden without being it, too many tokens, a bad max_tokens, an unknown backend. Without a fault,
+// forward() (apart or in place: out = hidden) must give bit for bit what route() and experts_reference() give on the
+// same inputs, and fill the replay rows; with one, the layer must throw the documented error (InvalidArgument, or
+// NotSupported for the quantized layer) whose message names the bad argument.
 #include <algorithm>
 #include <cstdint>
 #include <iterator>
@@ -41,6 +42,7 @@ enum class Fault {
   unknown_backend,  // backends {"nonexistent"}
   bias_size,        // routing bias [E + 1]
   w2_shape,         // w2 [E', H, I / 2]
+  out_overlaps,     // out starts 1..T*H-1 elements into hidden
   count
 };
 
@@ -60,6 +62,7 @@ constexpr const char* kExpectedWords[] = {
     "'nonexistent'",                            // unknown_backend
     "bias",                                     // bias_size
     "w2 (",                                     // w2_shape
+    "must be hidden itself (in place)",         // out_overlaps
 };
 static_assert(std::size(kExpectedWords) == static_cast<size_t>(Fault::count));
 
@@ -105,6 +108,11 @@ void run_case(Bytes& in) {
   std::vector<float> logits(static_cast<size_t>(std::max<int64_t>(T * (E + 1), 1)));
   for (float& l : logits) l = small_value(in);
   std::vector<uint16_t> out(static_cast<size_t>(std::max<int64_t>(T * (H + 8), 1)), 0x7fc0);
+  // In place, or the overlap fault: hidden's values at the start of a buffer with room for a shifted out.
+  const bool in_place = fault == Fault::none && in.chance(25);
+  const int64_t shift = fault == Fault::out_overlaps && T * H > 1 ? 1 + in.pick(static_cast<int>(T * H - 1)) : 0;
+  std::vector<uint16_t> shared(static_cast<size_t>(std::max<int64_t>(2 * T * H, 1)), 0x7fc0);
+  std::copy(hidden.begin(), hidden.end(), shared.begin());
   std::vector<int16_t> replay(static_cast<size_t>(std::max<int64_t>(T * (experts.top_k + 1), 1)), -1);
   const bool with_replay = in.chance(50) || fault == Fault::replay_width;
 
@@ -123,8 +131,12 @@ void run_case(Bytes& in) {
   const int64_t logit_rows = fault == Fault::logits_rows && T > 0 ? T - 1 : T;
   const int logit_width = fault == Fault::logits_width ? E + 1 : E;
   const TensorView logits_view = TensorView::contiguous(logits.data(), DType::f32, {logit_rows, logit_width});
+  const TensorView shared_view = TensorView::contiguous(shared.data(), DType::bf16, {T, H});
   const TensorView out_view =
-      TensorView::contiguous(out.data(), DType::bf16, {T, fault == Fault::out_width ? H + 8 : H});
+      in_place || fault == Fault::out_overlaps
+          ? TensorView::contiguous(shared.data() + shift, DType::bf16, {T, H})
+          : TensorView::contiguous(out.data(), DType::bf16, {T, fault == Fault::out_width ? H + 8 : H});
+  const TensorView forward_hidden = in_place || fault == Fault::out_overlaps ? shared_view : hidden_view;
   const int replay_width = fault == Fault::replay_width ? experts.top_k + 1 : experts.top_k;
   const TensorView replay_view =
       with_replay ? TensorView::contiguous(replay.data(), DType::i16, {T, replay_width}) : TensorView{};
@@ -135,10 +147,11 @@ void run_case(Bytes& in) {
     options.backends = {"reference"};
 
   // A fault that the chosen shapes happen to cure (no rows to drop) is no fault.
-  const bool faulty = fault != Fault::none && !(fault == Fault::logits_rows && T == 0);
+  const bool faulty = fault != Fault::none && !(fault == Fault::logits_rows && T == 0) &&
+                      !(fault == Fault::out_overlaps && shift == 0);
   try {
     MoELayer layer(experts, routing, quant, weights, options);
-    layer.forward(hidden_view, logits_view, out_view, nullptr, replay_view);
+    layer.forward(forward_hidden, logits_view, out_view, nullptr, replay_view);
     fuzz::accepted(fuzz::outcomes(fuzz::Target::layer), !faulty,
                    " (fault " + std::to_string(static_cast<int>(fault)) + ")");
 
@@ -153,7 +166,8 @@ void run_case(Bytes& in) {
     std::vector<uint16_t> want(out.size(), 0x7fc0);
     experts_reference(experts, weights.experts, hidden_view, plan.view(),
                       TensorView::contiguous(want.data(), DType::bf16, {T, H}), 1);
-    require(std::equal(out.begin(), out.begin() + T * H, want.begin()), "forward() differs from route + experts");
+    const uint16_t* got = in_place || fault == Fault::out_overlaps ? shared.data() + shift : out.data();
+    require(std::equal(got, got + T * H, want.begin()), "forward() differs from route + experts");
     require(replay == replay_want, "replay rows differ from route()'s");
   } catch (const Error& e) {
     const std::string what = e.what();
