@@ -281,7 +281,8 @@ class MoELayer {
   /// else on this call's). `out` may be `hidden` itself (in place: each row of hidden is read before that row of
   /// out is written); an out that overlaps hidden otherwise is rejected.
   /// The first call per bucket looks the choice up (host allocation); later calls reuse it until the tuner changes.
-  /// Throws InvalidArgument for bad inputs.
+  /// Throws InvalidArgument for bad inputs, and where it would tune on a stream that is capturing a CUDA graph
+  /// (tuning synchronizes; tune before capturing).
   void forward(const TensorView& hidden, const TensorView& logits, const TensorView& out, Stream stream = nullptr,
                const TensorView& replay = {});
 

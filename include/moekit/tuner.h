@@ -306,7 +306,8 @@ class Autotuner {
 /// Enables tuning in MoELayer::forward() on this thread for its lifetime: a forward() whose token bucket has no
 /// valid cache entry first tunes that bucket (with `options`) on the layer's tuner, timing on options.logits or,
 /// where that is absent, on the forward() call's own logits (so a warm-up pass tunes on the engine's routing). Scopes
-/// nest; the innermost one applies. Outside every scope forward() never times anything.
+/// nest; the innermost one applies. Outside every scope forward() never times anything. Inside a CUDA-graph capture
+/// a forward() that would tune throws instead (InvalidArgument): warm every bucket up eagerly in the scope first.
 class TuningScope {
  public:
   explicit TuningScope(const TuneOptions& options = {});

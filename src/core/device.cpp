@@ -5,6 +5,7 @@
 
 #include <utility>
 
+#include "core/capture.h"
 #include "moekit/error.h"
 
 #if MOEKIT_HAS_CUDA
@@ -147,3 +148,21 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
 }
 
 }  // namespace moekit
+
+namespace moekit::detail {
+
+bool stream_is_capturing(Stream stream) {
+#if MOEKIT_HAS_CUDA
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(static_cast<cudaStream_t>(stream), &status) != cudaSuccess) {
+    cudaGetLastError();  // the query's error is not the caller's
+    return true;
+  }
+  return status != cudaStreamCaptureStatusNone;
+#else
+  (void)stream;
+  return false;
+#endif
+}
+
+}  // namespace moekit::detail

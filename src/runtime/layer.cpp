@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <optional>
 
+#include "core/capture.h"
 #include "moekit/error.h"
 
 namespace moekit {
@@ -32,7 +33,7 @@ struct MoELayer::State {
   // A bucket's tuned winner, else (no entry, or the entry confirmed the default) the runner's default for this T: the
   // heuristic's thresholds need not fall on bucket edges; it is a table lookup, no allocation. Inside a tuning scope
   // an untuned bucket is tuned first, on the scope's logits or else on this call's `logits`: the engine's routing.
-  TacticPair pick(int64_t tokens, const TensorView& logits) {
+  TacticPair pick(int64_t tokens, const TensorView& logits, Stream stream) {
     drop_memo_if_stale();
     const size_t i =
         static_cast<size_t>(std::lower_bound(buckets.begin(), buckets.end(), token_bucket(tokens)) - buckets.begin());
@@ -41,6 +42,14 @@ struct MoELayer::State {
     if (!memo[i] || (!memo[i]->tuned && scope)) {
       TacticChoice c = tuner->choose(*runner, spec, tokens);
       if (!c.tuned && scope) {
+        // Tuning times kernels and synchronizes: inside a graph capture it would break the caller's capture.
+        if (runner->device().is_cuda() && detail::stream_is_capturing(stream))
+          throw InvalidArgument(
+              "layer",
+              fmt::format("forward() of {} tokens must not tune inside a CUDA-graph capture: bucket {} has no "
+                          "tuned entry and a TuningScope is active; run forward() once before capturing "
+                          "(inside the scope: it tunes the bucket), or capture outside the scope",
+                          tokens, token_bucket(tokens)));
         const int64_t request[] = {tokens};
         TuneOptions options = *scope;
         if (!options.logits.present()) options.logits = logits;
@@ -90,7 +99,7 @@ void MoELayer::forward(const TensorView& hidden, const TensorView& logits, const
   validate_layer_inputs(s.spec, in, s.max_tokens, s.runner->device());
   const int64_t tokens = hidden.shape[0];
   if (tokens == 0) return;
-  s.runner->execute(in, s.pick(tokens, logits), stream);
+  s.runner->execute(in, s.pick(tokens, logits, stream), stream);
 }
 
 std::vector<TuneResult> MoELayer::tune(std::span<const int64_t> tokens, const TuneOptions& options) {

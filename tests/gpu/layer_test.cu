@@ -448,6 +448,51 @@ TEST_F(GpuLayer, TuningScopeTunesTheGpuRunnerIntoTheCache) {
   std::filesystem::remove(path.string() + ".lock");
 }
 
+// A forward() that would tune while its stream captures a graph throws before it issues anything, so the caller's
+// capture ends cleanly (an empty graph); warmed up eagerly in the scope, the bucket then captures and replays.
+TEST_F(GpuLayer, TuningInsideACaptureIsRefusedAndLeavesTheCaptureIntact) {
+  MOEKIT_REQUIRE_SM90();
+  const LayerSpec s = reduced_spec(find_preset("qwen3-30b-a3b"));
+  LayerData w(s, rng_);
+  MoELayer gpu(s.experts, s.routing, s.quant, w.gpu, options("cuda_bf16", 64, &tuner_));
+  MoELayer ref(s.experts, s.routing, s.quant, w.host, options("reference", 64, &tuner_));
+  const int64_t t = 20;  // bucket 32
+  Inputs in(s, 64);
+  in.refill(rng_, t);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  TuningScope scope;
+  cudaGraph_t graph = nullptr;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  EXPECT_EQ(error_of([&] { gpu.forward(in.gpu_hidden(t), in.gpu_logits(t), in.gpu_out(t), stream); }),
+            "moekit::layer: forward() of 20 tokens must not tune inside a CUDA-graph capture: bucket 32 has no tuned "
+            "entry and a TuningScope is active; run forward() once before capturing (inside the scope: it tunes the "
+            "bucket), or capture outside the scope");
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  size_t nodes = 1;
+  ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
+  EXPECT_EQ(nodes, 0u);
+  cudaGraphDestroy(graph);
+  EXPECT_EQ(tuner_.size(), 0u);
+
+  gpu.forward(in.gpu_hidden(t), in.gpu_logits(t), in.gpu_out(t), stream);  // tunes bucket 32
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_EQ(tuner_.size(), 1u);
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  gpu.forward(in.gpu_hidden(t), in.gpu_logits(t), in.gpu_out(t), stream);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  in.refill(rng_, t);
+  in.poison_out(t);
+  ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  EXPECT_LE(relative_error(in.download_out(t), in.reference(ref, t)), 1e-2);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
 TEST_F(GpuLayer, TimingLogitsAreCopiedRowByRowInCycles) {
   MOEKIT_REQUIRE_SM90();
   // n source rows of `width` bytes, `pitch` bytes apart, into `rows` packed rows: dst row r = src row r mod n.
