@@ -1,9 +1,10 @@
 // Fuzz target for moekit::experts_reference(): the expert config (sizes, shared experts, the local range of an
 // expert-parallel rank, activation and its parameters, gate/up layout), the weights and optional biases, the plan's
-// ids and weights, and the hidden and output views are decoded from the input bytes, mostly valid, sometimes
-// breaking one rule. Every call must either throw moekit::InvalidArgument naming the operation, or write the output
-// that the contract of include/moekit/experts.h gives, computed here again in double from the formulas (within the
-// output's bf16 rounding); an input the documented rules call valid must not be rejected.
+// ids and weights, and the hidden and output views (sometimes one view: in place) are decoded from the input bytes,
+// mostly valid, sometimes breaking one rule. Every call must either throw moekit::InvalidArgument naming the
+// operation, or write the output that the contract of include/moekit/experts.h gives, computed here again in double
+// from the formulas (within the output's bf16 rounding); an input the documented rules call valid must not be
+// rejected.
 //
 // Values are small dyadic numbers (exact in bf16), so that the two computations differ by rounding only.
 #include <algorithm>
@@ -34,6 +35,7 @@ struct Case {
   int b13_kind = 0;    // 0 none, 1 fp32, 2 bf16, 3 int32
   int b2_kind = 0;
   bool w13_wrong = false, w2_wrong = false, hidden_wrong = false, out_fp32 = false;
+  bool in_place = false;  // out is hidden itself (a copy of the hidden values)
   bool valid_by_contract = false;
 };
 
@@ -72,6 +74,7 @@ Case decode_case(Bytes& in) {
   c.w2_wrong = in.chance(3);
   c.hidden_wrong = in.chance(3);
   c.out_fp32 = in.chance(3);
+  c.in_place = !c.hidden_wrong && !c.out_fp32 && in.chance(20);
 
   // The documented rules (include/moekit/experts.h), restated.
   const ExpertConfig& r = cfg;
@@ -116,7 +119,7 @@ void run_case(const Case& c, Bytes& in) {
   for (size_t i = 0; i < b13h.size(); ++i) b13f[i] = bf16_to_float(b13h[i]);
   for (size_t i = 0; i < b2h.size(); ++i) b2f[i] = bf16_to_float(b2h[i]);
   std::vector<uint16_t> out(static_cast<size_t>(std::max<int64_t>(T * H, 1)) * 2, 0x7fc0);  // room for an fp32 view
-
+  if (c.in_place) std::copy(x.begin(), x.end(), out.begin());  // x stays the oracle's input
   try {
     ExpertWeights w;
     w.w13 = TensorView::contiguous(w13.data(), DType::bf16, {Ew, 2 * I, H - (c.w13_wrong ? 8 : 0)});
@@ -130,7 +133,9 @@ void run_case(const Case& c, Bytes& in) {
     };
     w.b13 = bias_view(c.b13_kind, b13f, b13h, Ew, 2 * I);
     w.b2 = bias_view(c.b2_kind, b2f, b2h, Ew, H);
-    const TensorView hidden = TensorView::contiguous(x.data(), DType::bf16, {T, c.hidden_wrong ? H / 2 : H});
+    const TensorView hidden = c.in_place
+                                  ? TensorView::contiguous(out.data(), DType::bf16, {T, H})
+                                  : TensorView::contiguous(x.data(), DType::bf16, {T, c.hidden_wrong ? H / 2 : H});
     const TensorView out_view = TensorView::contiguous(out.data(), c.out_fp32 ? DType::f32 : DType::bf16, {T, H});
 
     // A plan of T tokens: K distinct routed experts per token and the shared slots, weights from the input.
