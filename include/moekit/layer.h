@@ -91,7 +91,8 @@ struct LayerInputs {
 };
 
 /// Checks one forward call against `spec` on `device` for a layer built for `max_tokens`: shapes, dtypes,
-/// contiguity, device, T <= max_tokens (validate_route_args for logits and replay). Throws InvalidArgument.
+/// contiguity, device, T <= max_tokens, out either hidden itself or sharing no byte with it (validate_route_args for
+/// logits and replay). Throws InvalidArgument.
 void validate_layer_inputs(const LayerSpec& spec, const LayerInputs& in, int64_t max_tokens, Device device);
 
 // ---- runners ------------------------------------------------------------------------------------------------------
