@@ -556,6 +556,19 @@ TEST(RoutingValidate, Replay) {
   EXPECT_EQ(a.error(), "moekit::route: replay strides ([4, 1]) must be contiguous ([2, 1])");
   a.replay = TensorView::contiguous(a.replay_buf.data(), DType::i16, {4, 2}, Device::cuda(0));
   EXPECT_EQ(a.error(), "moekit::route: replay.device (cuda:0) must be the routing device (cpu)");
+  // The router writes replay while it reads logits and bias: no shared byte (the rows just after logits are fine).
+  auto replay_at = [&](int float_offset) {
+    return TensorView::contiguous(reinterpret_cast<int16_t*>(a.buf.data() + float_offset), DType::i16, {4, 2});
+  };
+  a.replay = replay_at(31);  // logits are floats 0..31
+  EXPECT_EQ(a.error(), "moekit::route: replay ([4, 2] int16 cpu) must share no byte with logits");
+  a.replay = replay_at(32);
+  EXPECT_EQ(a.error(), "no throw");
+  a.bias = TensorView::contiguous(a.buf.data() + 64, DType::f32, {8});
+  a.replay = replay_at(70);
+  EXPECT_EQ(a.error(), "moekit::route: replay ([4, 2] int16 cpu) must share no byte with bias");
+  a.replay = replay_at(72);
+  EXPECT_EQ(a.error(), "no throw");
   // The rule E < 32768 for replay cannot trigger while num_experts <= 1024, so it has no test here.
 }
 

@@ -729,6 +729,14 @@ TEST_P(MoELayerReference, MatchesADirectComputation) {
   EXPECT_EQ(error_of<InvalidArgument>([&] { layer.forward(lower, l, upper); }),
             "moekit::layer: out ([3, 8] bf16 cpu) must be hidden itself (in place) or share no byte with it; it "
             "starts 16 bytes after hidden");
+  // Routing writes replay before the experts read hidden and write out: replay shares no byte with either.
+  std::vector<uint16_t> other(static_cast<size_t>(T) * H);
+  const TensorView o = TensorView::contiguous(other.data(), DType::bf16, {T, H});
+  const TensorView replay_in_hidden = TensorView::contiguous(wide.data(), DType::i16, {T, K});
+  EXPECT_EQ(error_of<InvalidArgument>([&] { layer.forward(lower, l, o, nullptr, replay_in_hidden); }),
+            "moekit::layer: replay ([3, 2] int16 cpu) must share no byte with hidden");
+  EXPECT_EQ(error_of<InvalidArgument>([&] { layer.forward(o, l, lower, nullptr, replay_in_hidden); }),
+            "moekit::layer: replay ([3, 2] int16 cpu) must share no byte with out");
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, MoELayerReference, ::testing::Values(ReferenceCase{0, false}, ReferenceCase{1, true}),

@@ -87,7 +87,7 @@ struct LayerInputs {
   TensorView hidden;  // [T, H] bf16, contiguous
   TensorView logits;  // [T, E] fp32/bf16, unit stride in E
   TensorView out;     // [T, H] bf16, contiguous (written); hidden itself or no byte of it
-  TensorView replay;  // optional [R, K] int16, R >= T (routing replay)
+  TensorView replay;  // optional [R, K] int16, R >= T (routing replay); no byte of logits, hidden or out
 };
 
 /// Checks one forward call against `spec` on `device` for a layer built for `max_tokens`: shapes, dtypes,

@@ -81,7 +81,8 @@ constexpr RoutingConfig make_routing_config(RoutingMethod method, int num_expert
 /// Validates one routing call's tensors against `cfg` (which is validated too):
 ///   logits [T, E] fp32/bf16, unit stride in E, row stride >= E, on `device`;
 ///   bias absent or [E] fp32/bf16 contiguous on `device`;
-///   replay absent or [R, K] int16 contiguous with R >= T, on `device`, and E < 32768.
+///   replay absent or [R, K] int16 contiguous with R >= T, on `device`, sharing no byte with logits or bias, and
+///   E < 32768.
 /// `max_tokens` is the capacity of the output buffers (T must not exceed it). Throws InvalidArgument.
 void validate_route_args(const RoutingConfig& cfg, const TensorView& logits, const TensorView& bias,
                          const TensorView& replay, int64_t max_tokens, Device device);

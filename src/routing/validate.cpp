@@ -138,7 +138,12 @@ void validate_route_args(const RoutingConfig& cfg, const TensorView& logits, con
   const int64_t tokens = logits.shape[0];
   if (tokens > max_tokens) fail(fmt::format("tokens ({}) must be <= max_tokens ({})", tokens, max_tokens));
   if (bias.present()) validate_bias(cfg, bias, device);
-  if (replay.present()) validate_replay(cfg, replay, tokens, device);
+  if (replay.present()) {
+    validate_replay(cfg, replay, tokens, device);
+    // The router writes replay while it reads logits and bias: a shared byte would change what it reads.
+    for (const auto& [name, v] : {std::pair{"logits", &logits}, std::pair{"bias", &bias}})
+      if (replay.overlaps(*v)) fail(fmt::format("replay ({}) must share no byte with {}", replay.describe(), name));
+  }
 }
 
 }  // namespace moekit
