@@ -345,6 +345,24 @@ TEST(GpuEp, ArgumentChecks) {
   a.weights.w13 = TensorView::contiguous(d13.data(), DType::bf16, {3, 16, 8}, Device::cuda(0));
   a.weights.w2 = TensorView::contiguous(d2.data(), DType::bf16, {3, 8, 8}, Device::cuda(0));
   EXPECT_THROW(EpLayer(a, comms[0]), InvalidArgument);
+  if (!device_is_sm90(0)) return;  // the layer below needs the experts' sm90 kernels
+  // An out that overlaps hidden without being it (here 16 bytes into it) is rejected before anything runs.
+  a.weights.w13 = TensorView::contiguous(d13.data(), DType::bf16, {4, 16, 8}, Device::cuda(0));
+  a.weights.w2 = TensorView::contiguous(d2.data(), DType::bf16, {4, 8, 8}, Device::cuda(0));
+  EpLayer layer(a, comms[0]);
+  DeviceBuffer dh(3 * 8 * 2, 0), dl(2 * 4 * 4, 0);
+  const TensorView h = TensorView::contiguous(dh.data(), DType::bf16, {2, 8}, Device::cuda(0));
+  const TensorView shifted =
+      TensorView::contiguous(static_cast<uint16_t*>(dh.data()) + 8, DType::bf16, {2, 8}, Device::cuda(0));
+  const TensorView l = TensorView::contiguous(dl.data(), DType::f32, {2, 4}, Device::cuda(0));
+  try {
+    layer.forward(h, l, shifted);
+    ADD_FAILURE() << "an out that overlaps hidden was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_STREQ(e.what(),
+                 "moekit::ep: out ([2, 8] bf16 cuda:0) must be hidden itself (in place) or share no byte with it; "
+                 "it starts 16 bytes after hidden");
+  }
 }
 
 }  // namespace
