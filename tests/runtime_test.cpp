@@ -12,13 +12,13 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
-#include <sstream>
 
 #include "error_of.h"
 #include "fake_runner.h"
 #include "moekit/device.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
+#include "tuner_test_util.h"
 
 namespace moekit {
 namespace {
@@ -804,19 +804,10 @@ Command run_cli(const std::string& args) {
   return c;
 }
 
-std::string file_text(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 TEST(TuneCommand, TunesAPresetOnTheReferenceRunnerAndShowsTheCache) {
   if (!std::filesystem::exists(MOEKIT_CLI_PATH)) GTEST_SKIP() << "moekit CLI not built at " << MOEKIT_CLI_PATH;
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("moekit_tune_cli_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const fs::path dir = testing::temp_dir();
   const std::string cache = (dir / "tune.json").string();
   Command tune = run_cli("tune --preset qwen3-30b-a3b --tokens 1,2,3 --cache " + cache +
                          " --device cpu --backend reference --progress lines");
@@ -844,7 +835,7 @@ TEST(TuneCommand, TunesAPresetOnTheReferenceRunnerAndShowsTheCache) {
   EXPECT_NE(broken.output.find("error: moekit::tuner: cache file '" + bad.string() + "' is not valid JSON: "),
             std::string::npos)
       << broken.output;
-  EXPECT_EQ(file_text(bad), "{\"entries\": [");
+  EXPECT_EQ(testing::read_all(bad), "{\"entries\": [");
   // Routing logits from a file (3 rows of E = 128): the timings route them; a bad file fails before any timing.
   const fs::path logits = dir / "logits.txt";
   {
@@ -878,13 +869,11 @@ TEST(TuneCommand, TunesAPresetOnTheReferenceRunnerAndShowsTheCache) {
 TEST(TuneCommand, ACacheFromAnotherMachineIsIgnoredAndReplaced) {
   if (!std::filesystem::exists(MOEKIT_CLI_PATH)) GTEST_SKIP() << "moekit CLI not built at " << MOEKIT_CLI_PATH;
   namespace fs = std::filesystem;
-  const fs::path dir = fs::temp_directory_path() / ("moekit_tune_other_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  const fs::path dir = testing::temp_dir();
   const std::string cache = (dir / "tune.json").string();
   Command first = run_cli("tune --preset qwen3-30b-a3b --tokens 1,2 --cache " + cache + " --device cpu");
   ASSERT_EQ(first.status, 0) << first.output;
-  std::string text = file_text(cache);
+  std::string text = testing::read_all(cache);
   const std::string here = "\"device_name\": \"cpu\"";
   const size_t at = text.find(here);
   ASSERT_NE(at, std::string::npos) << text;
@@ -900,7 +889,7 @@ TEST(TuneCommand, ACacheFromAnotherMachineIsIgnoredAndReplaced) {
       second.output.find("saved 1 entries to " + cache + " (0 kept from the file, 2 dropped: metadata mismatch)"),
       std::string::npos)
       << second.output;
-  const std::string after = file_text(cache);
+  const std::string after = testing::read_all(cache);
   EXPECT_NE(after.find(here), std::string::npos) << after;
   EXPECT_EQ(after.find("Another GPU"), std::string::npos) << after;
   fs::remove_all(dir);

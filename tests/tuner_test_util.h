@@ -1,5 +1,6 @@
-// Helpers of the autotuner's CPU tests (tuner_test.cpp, tuning_cache_test.cpp): fixed cache metadata, a fake runner
-// checked and built for small_spec(), and a fresh temp folder per test with whole-file reads and writes.
+// Helpers of the autotuner's CPU tests (tuner_test.cpp, tuning_cache_test.cpp, the tune command in runtime_test.cpp):
+// fixed cache metadata, a fake runner checked and built for small_spec(), and a fresh temp folder per test with
+// whole-file reads and writes.
 #pragma once
 
 #include <gtest/gtest.h>

@@ -35,10 +35,9 @@ void rearrange_gate_up(const TensorView& src, GateUpLayout from, const TensorVie
   if (dst.dtype != src.dtype || dst.ndim != src.ndim || dst.shape != src.shape)
     fail_experts(fmt::format("dst ({}) must have the shape and dtype of src ({})", dst.describe(), src.describe()));
   const int64_t row = (src.ndim == 3 ? src.size(2) : 1) * dtype_size(src.dtype);  // bytes per gate or up row
-  const int64_t bytes = src.numel() * dtype_size(src.dtype);
+  if (dst.overlaps(src)) fail_experts("dst must not overlap src");
   const auto* s = static_cast<const unsigned char*>(src.data);
   auto* d = static_cast<unsigned char*>(dst.data);
-  if (s < d + bytes && d < s + bytes) fail_experts("dst must not overlap src");
   const int64_t experts = src.size(0), inter = src.size(1) / 2;
   for (int64_t e = 0; e < experts; ++e) {
     const int64_t base = e * 2 * inter;

@@ -1,6 +1,8 @@
 // MoELayer: validates its configs, weights and options, selects and builds a runner, and runs the tactic pair the
 // tuner chose for each token bucket. Choices are memoized per bucket and dropped whenever the tuner's cache changes
-// (its generation counter), so a steady-state forward() does one validation, one array lookup and the runner call.
+// (its generation counter), so a steady-state forward() validates its inputs, does one array lookup and calls the
+// runner, whose execute() checks the inputs again against its own spec and workspace (a caller may re-check or
+// rebuild the runner through runner()).
 #include "moekit/layer.h"
 
 #include <fmt/format.h>
