@@ -92,4 +92,10 @@ std::string in_place_problem(const TensorView& out, std::string_view out_name, c
                      to > from ? "after" : "before", in_name);
 }
 
+std::string shared_bytes_problem(const TensorView& a, std::string_view a_name, const TensorView& b,
+                                 std::string_view b_name) {
+  if (!a.overlaps(b)) return {};
+  return fmt::format("{} ({}) must share no byte with {}", a_name, a.describe(), b_name);
+}
+
 }  // namespace moekit::detail

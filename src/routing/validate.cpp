@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "core/in_place.h"
 #include "moekit/error.h"
 #include "moekit/routing.h"
 
@@ -142,7 +143,7 @@ void validate_route_args(const RoutingConfig& cfg, const TensorView& logits, con
     validate_replay(cfg, replay, tokens, device);
     // The router writes replay while it reads logits and bias: a shared byte would change what it reads.
     for (const auto& [name, v] : {std::pair{"logits", &logits}, std::pair{"bias", &bias}})
-      if (replay.overlaps(*v)) fail(fmt::format("replay ({}) must share no byte with {}", replay.describe(), name));
+      if (std::string why = detail::shared_bytes_problem(replay, "replay", *v, name); !why.empty()) fail(why);
   }
 }
 

@@ -142,8 +142,7 @@ void validate_layer_inputs(const LayerSpec& spec, const LayerInputs& in, int64_t
   validate_route_args(spec.routing, in.logits, TensorView{}, in.replay, max_tokens, device);
   // Routing writes replay before the experts read hidden and write out.
   for (const auto& [name, v] : {std::pair{"hidden", &in.hidden}, std::pair{"out", &in.out}})
-    if (in.replay.overlaps(*v))
-      fail(fmt::format("replay ({}) must share no byte with {}", in.replay.describe(), name));
+    if (std::string why = detail::shared_bytes_problem(in.replay, "replay", *v, name); !why.empty()) fail(why);
   if (in.logits.shape[0] != tokens)
     fail(fmt::format("logits.shape[0] ({}) must equal hidden.shape[0] ({})", in.logits.shape[0], tokens));
 }
