@@ -292,7 +292,7 @@ double paired_cost(TacticPair p, double penalty) {
 TEST(StagedTuning, APairReplacesTheDefaultOnlyWhenMoreThanOnePercentFaster) {
   for (const auto& [penalty, want] :
        {std::pair{2.0, TacticPair{0, 0}}, std::pair{1.95, TacticPair{0, 0}}, std::pair{1.8, TacticPair{1, 1}}}) {
-    auto r = built_runner({.cost = [penalty](TacticPair p) { return paired_cost(p, penalty); }});
+    auto r = built_runner({.cost = [penalty = penalty](TacticPair p) { return paired_cost(p, penalty); }});
     Autotuner tuner(test_metadata());
     const int64_t tokens[] = {64};
     const TuneResult res = tuner.tune(*r, small_spec(), tokens)[0];
