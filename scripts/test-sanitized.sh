@@ -4,23 +4,37 @@
 #   address: AddressSanitizer and UndefinedBehaviorSanitizer (memory errors, leaks, undefined behaviour; fatal),
 #   thread:  ThreadSanitizer (data races in the threaded CPU reference, the tuner's shared cache, the simulated
 #            ranks; fatal).
-# Also keeps the MOEKIT_ENABLE_CUDA=OFF configuration building and passing.
+# The address build compiles with clang (installed when missing), the others with the default compiler (GCC), so
+# that the host code keeps building with both. Also keeps the MOEKIT_ENABLE_CUDA=OFF configuration building and
+# passing.
 #   scripts/test-sanitized.sh [address|thread]...   (default: both, one build folder each)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 source scripts/env.sh
+# clang++ (Debian's package `clang`, installed when missing unless MOEKIT_SKIP_APT=1).
+clang_cxx() {
+  if ! command -v clang++ >/dev/null && [[ "${MOEKIT_SKIP_APT:-0}" != 1 ]]; then
+    echo "setup: installing clang" >&2
+    sudo_cmd=""; [[ $(id -u) -ne 0 ]] && sudo_cmd="sudo"
+    $sudo_cmd apt-get update -qq >&2
+    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq clang >/dev/null
+  fi
+  command -v clang++
+}
 kinds=("$@")
 [[ ${#kinds[@]} -eq 0 ]] && kinds=(address thread)
 for kind in "${kinds[@]}"; do
   case "$kind" in
     address)
       build="${MOEKIT_SANITIZE_BUILD_DIR:-build-sanitize}"
+      compiler=(-DCMAKE_CXX_COMPILER="$(clang_cxx)")
       link="-fsanitize=address,undefined"
       flags="$link -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1"
       ;;
     thread)
       build="${MOEKIT_SANITIZE_BUILD_DIR:-build-sanitize}-thread"
+      compiler=()
       link="-fsanitize=thread"
       flags="$link -O1 -g"
       ;;
@@ -31,7 +45,7 @@ for kind in "${kinds[@]}"; do
   esac
   echo "== CPU tests in the $kind-sanitizer build ($build)"
   cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DMOEKIT_ENABLE_CUDA=OFF -DMOEKIT_TEST_PACKAGE=OFF \
-    -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$link"
+    "${compiler[@]}" -DCMAKE_CXX_FLAGS="$flags" -DCMAKE_EXE_LINKER_FLAGS="$link"
   cmake --build "$build" -j "$MOEKIT_JOBS"
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1 TSAN_OPTIONS=halt_on_error=1 \
     ctest --test-dir "$build" --output-on-failure -j "$MOEKIT_JOBS"
