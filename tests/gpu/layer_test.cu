@@ -461,26 +461,29 @@ TEST_F(GpuLayer, TuningInsideACaptureIsRefusedAndLeavesTheCaptureIntact) {
   in.refill(rng_, t);
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
-  TuningScope scope;
   cudaGraph_t graph = nullptr;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-  EXPECT_EQ(error_of([&] { gpu.forward(in.gpu_hidden(t), in.gpu_logits(t), in.gpu_out(t), stream); }),
-            "moekit::layer: forward() of 20 tokens must not tune inside a CUDA-graph capture: bucket 32 has no tuned "
-            "entry and a TuningScope is active; run forward() once before capturing (inside the scope: it tunes the "
-            "bucket), or capture outside the scope");
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  size_t nodes = 1;
-  ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
-  EXPECT_EQ(nodes, 0u);
-  cudaGraphDestroy(graph);
-  EXPECT_EQ(tuner_.size(), 0u);
+  {
+    TuningScope scope;  // ends before the reference layer runs, which would tune on the CPU otherwise
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    EXPECT_EQ(
+        error_of([&] { gpu.forward(in.gpu_hidden(t), in.gpu_logits(t), in.gpu_out(t), stream); }),
+        "moekit::layer: forward() of 20 tokens must not tune inside a CUDA-graph capture: bucket 32 has no tuned "
+        "entry and a TuningScope is active; run forward() once before capturing (inside the scope: it tunes the "
+        "bucket), or capture outside the scope");
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    size_t nodes = 1;
+    ASSERT_EQ(cudaGraphGetNodes(graph, nullptr, &nodes), cudaSuccess);
+    EXPECT_EQ(nodes, 0u);
+    cudaGraphDestroy(graph);
+    EXPECT_EQ(tuner_.size(), 0u);
 
-  gpu.forward(in.gpu_hidden(t), in.gpu_logits(t), in.gpu_out(t), stream);  // tunes bucket 32
-  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-  EXPECT_EQ(tuner_.size(), 1u);
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-  gpu.forward(in.gpu_hidden(t), in.gpu_logits(t), in.gpu_out(t), stream);
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    gpu.forward(in.gpu_hidden(t), in.gpu_logits(t), in.gpu_out(t), stream);  // tunes bucket 32
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    EXPECT_EQ(tuner_.size(), 1u);
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    gpu.forward(in.gpu_hidden(t), in.gpu_logits(t), in.gpu_out(t), stream);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  }
   cudaGraphExec_t exec = nullptr;
   ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
   in.refill(rng_, t);
