@@ -760,6 +760,35 @@ TEST(MoELayerReferenceTuning, TunesTheSingleTacticItHas) {
   }
 }
 
+// Synthetic weights are a function of the seed alone, and where the spec has expert biases and a routing bias the
+// runner generates those too (what tuning a GPT-OSS or DeepSeek layer without its checkpoint runs on).
+TEST(MoELayerReferenceTuning, SyntheticWeightsFollowTheSeedAndTheSpecsBiases) {
+  LayerSpec biased = small_spec();
+  biased.expert_biases = true;
+  biased.routing_bias = true;
+  constexpr int64_t T = 5;
+  std::vector<uint16_t> hidden = bf16_values(static_cast<size_t>(T) * 16, 4, 1.0f);
+  std::vector<float> logits(static_cast<size_t>(T) * 8);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = 0.25f * static_cast<float>((i * 5) % 9);
+  auto run = [&](const LayerSpec& spec, uint64_t seed) {
+    std::unique_ptr<Runner> r = make_runner("reference");
+    EXPECT_TRUE(r->check_support(spec, Device::cpu()).ok);
+    r->build_synthetic(8, seed);
+    std::vector<uint16_t> out(hidden.size(), 0xFFFF);
+    r->execute({TensorView::contiguous(hidden.data(), DType::bf16, {T, 16}),
+                TensorView::contiguous(logits.data(), DType::f32, {T, 8}),
+                TensorView::contiguous(out.data(), DType::bf16, {T, 16}),
+                {}},
+               {0, 0});
+    for (uint16_t b : out) EXPECT_TRUE(std::isfinite(bf16_value(b)));
+    return out;
+  };
+  const std::vector<uint16_t> a = run(biased, 7);
+  EXPECT_EQ(run(biased, 7), a);
+  EXPECT_NE(run(biased, 8), a);
+  EXPECT_NE(run(small_spec(), 7), a);  // same w13 and w2, no biases
+}
+
 TEST(MoELayerReferenceTuning, TimesOnGivenLogitsOfEitherDtypeAndAnyRowPitch) {
   const LayerSpec spec = small_spec();
   std::unique_ptr<Runner> r = make_runner("reference");
