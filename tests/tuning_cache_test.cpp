@@ -1,12 +1,15 @@
 // The autotuner's persisted cache: round trip, merge with the file (learned entries win), metadata invalidation,
-// corrupted files, two processes saving at once, resuming from a stored shortlist, entries naming unknown tactics.
+// corrupted files, a save that cannot be written, two processes saving at once, resuming from a stored shortlist,
+// entries naming unknown tactics.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -232,6 +235,57 @@ TEST(TuningCache, PlacesThatCannotHoldTheFileAreNamed) {
   for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
   std::sort(left.begin(), left.end());
   EXPECT_EQ(left, (std::vector<std::string>{"folder.json", "folder.json.lock", "plain"}));
+  fs::remove_all(dir);
+}
+
+// A save that cannot write the whole file (here a file-size limit, as a full disk would) is reported with the
+// system's reason, and the cache on disk stays as it was: the new text goes to a temporary file that replaces the
+// cache only once complete, and that file is removed. Runs in a child process, which alone gets the limit.
+TEST(TuningCache, ASaveThatCannotBeWrittenLeavesTheFileAsItWas) {
+  const fs::path dir = temp_dir();
+  const fs::path path = dir / "cache.json";
+  Autotuner before(test_metadata());
+  before.insert("old", {"g1_0", "g2_0", {"g1_0"}, {"g2_0"}, 1.0, 1.0, 1});
+  before.save(path);
+  const std::string on_disk = read_all(path);
+  ASSERT_GT(on_disk.size(), 64u);
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(fds[0]);
+    std::string what = "no exception";
+    std::signal(SIGXFSZ, SIG_IGN);  // a write past the limit then fails with EFBIG instead of ending the process
+    rlimit limit{};
+    getrlimit(RLIMIT_FSIZE, &limit);
+    limit.rlim_cur = 64;
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) what = "setrlimit failed";
+    try {
+      Autotuner tuner(test_metadata());
+      tuner.insert("new", {"g1_1", "g2_1", {"g1_1"}, {"g2_1"}, 1.0, 1.0, 1});
+      tuner.save(path);
+    } catch (const Error& e) {
+      what = e.what();
+    }
+    const ssize_t n = write(fds[1], what.data(), what.size());
+    _exit(n == static_cast<ssize_t>(what.size()) ? 0 : 1);
+  }
+  close(fds[1]);
+  std::string got;
+  char buf[512];
+  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
+  close(fds[0]);
+  int status = -1;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  EXPECT_EQ(got, fmt::format("moekit::tuner: cache file '{}' cannot be written: '{}.tmp.{}': File too large",
+                             path.string(), path.string(), pid));
+  EXPECT_EQ(read_all(path), on_disk);
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(dir)) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"cache.json", "cache.json.lock"}));
   fs::remove_all(dir);
 }
 
