@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "moekit/device.h"
+#include "moekit/version.h"
 
 // GCC names its sanitizers by macros, clang by __has_feature.
 #if defined(__has_feature)
@@ -324,6 +325,23 @@ TEST(Cli, HelpEverywhere) {
     CliRun r = run_cli(std::string(sub) + " --help");
     EXPECT_EQ(r.status, 0) << sub << ": " << r.output;
     EXPECT_NE(r.output.find("Usage"), std::string::npos) << sub << ": " << r.output;
+  }
+}
+
+// `--version` names the library version and the build, then one line per visible GPU.
+TEST(Cli, VersionNamesTheBuildAndTheGpus) {
+  CliRun r = run_cli("--version");
+  EXPECT_EQ(r.status, 0) << r.output;
+  const std::string first = r.output.substr(0, r.output.find('\n'));
+  EXPECT_EQ(first,
+            std::string("moekit ") + std::string(moekit::kVersion) +
+                (moekit::built_with_cuda() ? " (CUDA kernels for sm_90a)" : " (CPU only: built without CUDA)"));
+  size_t lines = 0;
+  for (char c : r.output) lines += c == '\n' ? 1 : 0;
+  const int gpus = moekit::cuda_device_count();
+  EXPECT_EQ(lines, 1u + static_cast<size_t>(gpus) + (moekit::built_with_cuda() && gpus == 0 ? 1u : 0u)) << r.output;
+  if (gpus > 0) {
+    EXPECT_NE(r.output.find("\ncuda:0 " + moekit::device_info(0).name + ", sm_"), std::string::npos) << r.output;
   }
 }
 

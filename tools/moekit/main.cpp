@@ -3,13 +3,37 @@
 #include <cstdio>
 #include <exception>
 #include <new>
+#include <string>
 
 #include "commands.h"
+#include "moekit/device.h"
 #include "moekit/error.h"
+#include "moekit/version.h"
+
+namespace {
+
+// What `moekit --version` prints: the library version, whether this build has the CUDA kernels, and each GPU it
+// sees (what a bug report needs).
+std::string version_text() {
+  std::string s = "moekit " + std::string(moekit::kVersion) +
+                  (moekit::built_with_cuda() ? " (CUDA kernels for sm_90a)" : " (CPU only: built without CUDA)");
+  const int n = moekit::cuda_device_count();
+  for (int i = 0; i < n; ++i) {
+    const moekit::DeviceInfo d = moekit::device_info(i);
+    s += "\ncuda:" + std::to_string(i) + " " + d.name + ", sm_" + std::to_string(d.cc_major) +
+         std::to_string(d.cc_minor) + ", " + std::to_string(d.sm_count) + " SMs" +
+         (moekit::device_is_sm90(i) ? "" : " (not sm_90: the CUDA backend will not run on it)");
+  }
+  if (moekit::built_with_cuda() && n == 0) s += "\nno CUDA device visible";
+  return s;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"moekit: Mixture-of-Experts inference kernels for Hopper, with a CPU reference"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", version_text);
   moekit::cli::add_demo_command(app);
   moekit::cli::add_route_command(app);
   moekit::cli::add_bench_command(app);
