@@ -134,6 +134,8 @@ TEST(Presets, EveryPresetValidates) {
     EXPECT_EQ(p.routing.top_k, p.experts.top_k);
     EXPECT_EQ(p.routing.num_shared_experts, p.experts.num_shared_experts);
     EXPECT_EQ(&find_preset(p.name), &p);
+    // Llama-4 scales the expert's input by the routing weight; every other preset its output.
+    EXPECT_EQ(p.experts.routing_weight_on_input, p.routing.method == RoutingMethod::llama4);
   }
   EXPECT_THROW(find_preset("gpt-5"), InvalidArgument);
 }

@@ -174,7 +174,8 @@ struct SimCase {
   int64_t tokens = 5;
   bool bias = false;
   DType logits_dtype = DType::f32;
-  bool hot = false;  // every token prefers the same experts (other ranks receive nothing)
+  bool hot = false;              // every token prefers the same experts (other ranks receive nothing)
+  bool weight_on_input = false;  // ExpertConfig::routing_weight_on_input
 };
 
 std::vector<SimCase> sim_cases() {
@@ -188,6 +189,10 @@ std::vector<SimCase> sim_cases() {
       {"softmax_topk E4 K3 (E - L < K)", make_routing_config(RoutingMethod::softmax_topk, 4, 3, 0, true), 16, 8, 9},
       {"one hot expert set S1", make_routing_config(RoutingMethod::softmax_topk, 8, 2, 1, true), 16, 8, 6, false,
        DType::f32, true},
+      {"llama4 E8 K1 S1 weight on input", make_routing_config(RoutingMethod::llama4, 8, 1, 1, false), 16, 8, 6, false,
+       DType::f32, false, true},
+      {"softmax_topk E6 K2 S1 weight on input", make_routing_config(RoutingMethod::softmax_topk, 6, 2, 1, true), 16,
+       8, 5, false, DType::f32, false, true},
   };
 }
 
@@ -210,6 +215,7 @@ void run_sim_case(const SimCase& c, int W, EpMode mode, uint32_t seed) {
   g.hidden = c.hidden;
   g.intermediate = c.intermediate;
   g.num_shared_experts = S;
+  g.routing_weight_on_input = c.weight_on_input;
   // The whole layer: weights of E + S experts, W*T tokens.
   std::vector<uint16_t> w13 = random_bf16(rng, (E + S) * 2 * I * H, 1.0f / std::sqrt(float(H)));
   std::vector<uint16_t> w2 = random_bf16(rng, (E + S) * H * I, 1.0f / std::sqrt(float(I)));

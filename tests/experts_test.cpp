@@ -149,7 +149,8 @@ double act_fp64(Activation a, const ActivationParams& p, double gate, double up)
   return 0.0;
 }
 
-/// Straightforward fp64 layer: per token, per slot, two matrix-vector products and the activation.
+/// Straightforward fp64 layer: per token, per slot, two matrix-vector products and the activation; a routed slot's
+/// weight scales the expert's input instead of its output when the config says so.
 std::vector<double> layer_fp64(const Problem& p) {
   const ExpertConfig& c = p.cfg;
   const int64_t H = c.hidden, I = c.intermediate;
@@ -165,10 +166,14 @@ std::vector<double> layer_fp64(const Problem& p) {
         le = id - c.local_expert_offset;
       else
         continue;
+      const double w = p.wts[t * p.slots() + j];
+      const bool on_input = c.routing_weight_on_input && id < c.num_experts;
+      const double in_scale = on_input ? w : 1.0, out_scale = on_input ? 1.0 : w;
       for (int64_t n = 0; n < 2 * I; ++n) {
         double s = p.b13.empty() ? 0.0 : p.b13[le * 2 * I + n];
         for (int64_t k = 0; k < H; ++k)
-          s += double(bf16_to_float(p.w13[(le * 2 * I + n) * H + k])) * bf16_to_float(p.hidden[t * H + k]);
+          s += double(bf16_to_float(p.w13[(le * 2 * I + n) * H + k])) *
+               (in_scale * double(bf16_to_float(p.hidden[t * H + k])));
         hbuf[n] = s;
       }
       for (int64_t i = 0; i < I; ++i) {
@@ -180,7 +185,7 @@ std::vector<double> layer_fp64(const Problem& p) {
       for (int64_t h = 0; h < H; ++h) {
         double s = p.b2.empty() ? 0.0 : p.b2[le * H + h];
         for (int64_t i = 0; i < I; ++i) s += double(bf16_to_float(p.w2[(le * H + h) * I + i])) * a[i];
-        out[t * H + h] += double(p.wts[t * p.slots() + j]) * s;
+        out[t * H + h] += out_scale * s;
       }
     }
   return out;
@@ -389,6 +394,31 @@ TEST(ExpertsReference, SharedExperts) {
   Problem q = p;
   for (int64_t t = 0; t < q.tokens; ++t) q.wts[t * 4 + 2] = q.wts[t * 4 + 3] = 0.0f;
   EXPECT_NE(q.run(), p.run());
+}
+
+// Llama-4's form: a routed slot's weight scales the expert's input, the combine adds its output unweighted; shared
+// slots keep their weight on the output. Not the output-weighted layer (the activation is not linear), but the same
+// layer where every weight is 1.
+TEST(ExpertsReference, RoutingWeightOnInput) {
+  for (const Activation a : {Activation::silu_gated, Activation::swiglu_clamped, Activation::gelu_gated}) {
+    ExpertConfig c = make_expert_config(8, 2, 32, 16, 1, a);
+    c.routing_weight_on_input = true;
+    Problem p = make_problem(c, 9, 21, /*biases=*/true);
+    const std::vector<float> on_input = p.run();
+    expect_close(on_input, layer_fp64(p));
+    Problem on_output = p;
+    on_output.cfg.routing_weight_on_input = false;
+    EXPECT_NE(on_output.run(), on_input) << activation_name(a);
+    for (float& w : p.wts) w = 1.0f;
+    on_output.wts = p.wts;
+    EXPECT_EQ(p.run(), on_output.run()) << activation_name(a);
+  }
+  // A shared slot's weight stays on its output (a plan made by hand may hold any weight there).
+  ExpertConfig c = make_expert_config(8, 2, 32, 16, 1);
+  c.routing_weight_on_input = true;
+  Problem p = make_problem(c, 5, 22);
+  for (int64_t t = 0; t < p.tokens; ++t) p.wts[t * 3 + 2] = 0.5f;
+  expect_close(p.run(), layer_fp64(p));
 }
 
 TEST(ExpertsReference, ExpertParallelSkipsOtherRanks) {

@@ -86,6 +86,11 @@ TEST(TuningKey, IsReadableAndHoldsEveryField) {
   EXPECT_EQ(tuning_key(r, small_spec(), 40),
             "runner=fake@1 E=8 local=8@0 K=2 S=0 H=16 I=8 act=silu_gated gate_up=gate_first bias=0 "
             "routing=softmax_topk groups=1/1 w=bf16 a=bf16 blocks=128x128/128 T=64");
+  LayerSpec llama4_like = small_spec();
+  llama4_like.experts.routing_weight_on_input = true;
+  EXPECT_EQ(tuning_key(r, llama4_like, 40),
+            "runner=fake@1 E=8 local=8@0 K=2 S=0 H=16 I=8 act=silu_gated gate_up=gate_first bias=0 weight_on_input=1 "
+            "routing=softmax_topk groups=1/1 w=bf16 a=bf16 blocks=128x128/128 T=64");
 }
 
 TEST(TuningKey, EveryFieldChangesTheKey) {
@@ -112,6 +117,7 @@ TEST(TuningKey, EveryFieldChangesTheKey) {
   with("activation", [](LayerSpec& s) { s.experts.activation = Activation::swiglu_clamped; });
   with("gate_up", [](LayerSpec& s) { s.experts.gate_up = GateUpLayout::interleaved; });
   with("expert biases", [](LayerSpec& s) { s.expert_biases = true; });
+  with("routing weight on input", [](LayerSpec& s) { s.experts.routing_weight_on_input = true; });
   with("routing method", [](LayerSpec& s) { s.routing.method = RoutingMethod::topk_softmax; });
   with("n_group", [](LayerSpec& s) {
     s.routing.method = RoutingMethod::sigmoid_grouped;

@@ -8,6 +8,9 @@
 //                 pingpong 64x256 tactic with gate-first or up-first rows when I is a multiple of 128;
 //   decode path:  a memory-bound kernel streaming the weights of each plan block with 16-byte loads (GEMM1 with
 //                 bias + activation fused, then GEMM2), then the same combine.
+// With ExpertConfig::routing_weight_on_input (Llama-4) the gather scales each routed row by its slot's weight (on
+// the decode path too, which then reads the gathered rows instead of hidden) and the combine adds those rows'
+// outputs unweighted.
 // GEMM1 and GEMM2 each pick a kernel from cuda_expert_gemm_tactics(); a deterministic heuristic picks by default.
 #pragma once
 

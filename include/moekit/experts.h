@@ -1,7 +1,8 @@
 // Expert compute (DESIGN §5): from a route plan and hidden states [T, H] bf16 to the combined output [T, H] bf16:
 //   gather rows by plan -> GEMM1 (w13, [2I, H] per expert) + b13 -> gated activation -> [rows, I]
 //   -> GEMM2 (w2, [H, I] per expert) + b2 -> [rows, H] -> out[t] = sum_j w[t,j] * y[slot_rows[t,j]]
-// in fp32 with j in slot order and one rounding to bf16 at the end.
+// in fp32 with j in slot order and one rounding to bf16 at the end. With routing_weight_on_input (Llama-4) a routed
+// slot's weight scales the expert's input instead: GEMM1 sees w[t,j] * hidden[t] and the combine adds y unweighted.
 // Expert ids in the plan are global: 0..E-1 routed, E..E+S-1 fused shared experts. Weights hold E' = local experts
 // + S shared experts: global routed id e maps to local e - local_expert_offset when it lies in
 // [offset, offset + local_num_experts), shared id E+s maps to local_num_experts + s; slots of other ranks'
@@ -49,6 +50,10 @@ struct ExpertConfig {
   Activation activation = Activation::silu_gated;
   GateUpLayout gate_up = GateUpLayout::gate_first;
   ActivationParams act{};
+  // Where a routed slot's weight w applies: false, to the expert's output (out[t] += w * y, DESIGN §5); true, to its
+  // input (y = expert(w * hidden[t]) and out[t] += y), as Llama-4 defines its MoE layer. The two differ: the
+  // gated activation is not linear. Shared slots keep their weight on the output either way.
+  bool routing_weight_on_input = false;
 
   /// Routed experts held here: local_num_experts, or E when it is -1.
   int local_experts() const { return local_num_experts < 0 ? num_experts : local_num_experts; }
@@ -65,14 +70,16 @@ struct ExpertConfig {
 /// configurations); the same as the designated initializer ExpertConfig{.num_experts = ..., ...}. Not validated.
 constexpr ExpertConfig make_expert_config(int num_experts, int top_k, int hidden, int intermediate,
                                           int num_shared_experts = 0, Activation activation = Activation::silu_gated,
-                                          GateUpLayout gate_up = GateUpLayout::gate_first) {
+                                          GateUpLayout gate_up = GateUpLayout::gate_first,
+                                          bool routing_weight_on_input = false) {
   return {.num_experts = num_experts,
           .top_k = top_k,
           .hidden = hidden,
           .intermediate = intermediate,
           .num_shared_experts = num_shared_experts,
           .activation = activation,
-          .gate_up = gate_up};
+          .gate_up = gate_up,
+          .routing_weight_on_input = routing_weight_on_input};
 }
 
 /// Expert weights, bf16, K-contiguous. Optional biases are fp32 or bf16.

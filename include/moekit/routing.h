@@ -17,6 +17,8 @@
 // - routed_scaling_factor multiplies every routed weight (after renormalization) for every method.
 // - Renormalization (softmax_topk, sigmoid_grouped, pre_scored) divides by the sum of the K routed weights when
 //   that sum is non-zero; topk_softmax weights already sum to 1 and llama4 (K = 1) ignores the flag.
+// - Where the experts apply a weight is theirs to say: Llama-4 scales the expert's input by it, not its output
+//   (ExpertConfig::routing_weight_on_input, set by the llama4-scout preset).
 // - Non-finite logits have defined weights, the same on every backend. A softmax term is exp(l - max), with the max
 //   over the non-NaN logits (of the row for softmax_topk, of the K selected for topk_softmax): a NaN logit weighs
 //   0, +inf logits share the mass equally (each term is exp(0) = 1), a row of only -inf is uniform, and a row of only

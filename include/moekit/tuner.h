@@ -111,7 +111,9 @@ struct CacheFile {
 
 /// The cache key of (runner, layer, tokens): a readable string of everything that changes which tactic is valid or
 /// best: runner name and version, E, local E and offset, K, S, H, I, activation, gate/up layout, expert biases,
-/// routing method and groups, weight/activation formats and block sizes, and token_bucket(tokens), e.g.
+/// " weight_on_input=1" after them for ExpertConfig::routing_weight_on_input (absent otherwise, so that the keys of
+/// other layers stay as they were), routing method and groups, weight/activation formats and block sizes, and
+/// token_bucket(tokens), e.g.
 ///   "runner=reference@1 E=8 local=8@0 K=2 S=0 H=4096 I=14336 act=silu_gated gate_up=gate_first bias=0
 ///    routing=softmax_topk groups=1/1 w=bf16 a=bf16 blocks=128x128/128 T=64"   (one line)
 /// Throws InvalidArgument for tokens outside [1, kMaxTunedTokens].

@@ -1,10 +1,12 @@
 // CPU reference for expert compute (DESIGN §5): gated activations and the whole expert layer
 //   h = W13[e] x (+ b13) -> a = act(gate, up) -> y = W2[e] a (+ b2) -> out[t] = sum_j w[t,j] * y_(t,j)
-// all in fp32, with one rounding to bf16 at the end. Slots are grouped by local expert (ascending slot order), so
-// each weight matrix is streamed once for all of its rows; weights are widened from bf16 on the fly inside
-// fixed-width lane loops that -O3 vectorizes. Work is split over (expert, column chunk) tasks; every output
-// element is computed by the same sequence of operations whatever the thread count, so results are bitwise
-// independent of it. Tokens are processed in chunks that bound the fp32 scratch (about 128 MiB).
+// all in fp32, with one rounding to bf16 at the end. With routing_weight_on_input a routed row's GEMM1 sees w x:
+// h = w (W13[e] x) (+ b13), the same product in exact arithmetic, and the combine adds that row's y with weight 1.
+// Slots are grouped by local expert (ascending slot order), so each weight matrix is streamed once for all of its
+// rows; weights are widened from bf16 on the fly inside fixed-width lane loops that -O3 vectorizes. Work is split
+// over (expert, column chunk) tasks; every output element is computed by the same sequence of operations whatever the
+// thread count, so results are bitwise independent of it. Tokens are processed in chunks that bound the fp32 scratch
+// (about 128 MiB).
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -180,6 +182,7 @@ void experts_reference_chunked(const ExpertConfig& cfg, const ExpertWeights& wei
   std::vector<float> y(chunk * slots * H);    // [rows, H] expert outputs, rows grouped by expert
   std::vector<int64_t> row_begin(num_local + 1), cursor(num_local);
   std::vector<int32_t> row_token(chunk * slots);  // token (within the chunk) of each row
+  std::vector<float> row_scale(chunk * slots);    // what scales each row's input (routing_weight_on_input), else 1
   std::vector<int32_t> slot_row(chunk * slots);   // row of each slot, -1 for other ranks' experts
   std::vector<int64_t> tasks;                     // (expert << 32 | column chunk)
 
@@ -197,7 +200,9 @@ void experts_reference_chunked(const ExpertConfig& cfg, const ExpertWeights& wei
     for (int64_t s = 0; s < tc * slots; ++s) {
       const int64_t le = local_index(ids[s]);
       slot_row[s] = le >= 0 ? static_cast<int32_t>(cursor[le]) : -1;
-      if (le >= 0) row_token[cursor[le]++] = static_cast<int32_t>(s / slots);
+      if (le < 0) continue;
+      row_scale[cursor[le]] = cfg.routing_weight_on_input && ids[s] < cfg.num_experts ? wts[s] : 1.0f;
+      row_token[cursor[le]++] = static_cast<int32_t>(s / slots);
     }
     for (int64_t i = 0; i < tc * H; ++i) xf[i] = widen_bf16(x_bf16[t0 * H + i]);
 
@@ -227,8 +232,10 @@ void experts_reference_chunked(const ExpertConfig& cfg, const ExpertWeights& wei
           float g[kMaxRowGroup], u[kMaxRowGroup];
           kDotRows[n](we + rows.gate * H, x, H, g);
           kDotRows[n](we + rows.up * H, x, H, u);
-          for (int r = 0; r < n; ++r)
-            act[(r0 + r) * I + i] = apply_activation(cfg.activation, cfg.act, g[r] + bg, u[r] + bu);
+          for (int r = 0; r < n; ++r) {
+            const float scale = row_scale[r0 + r];  // 1 (an exact no-op) unless the weight scales the input
+            act[(r0 + r) * I + i] = apply_activation(cfg.activation, cfg.act, scale * g[r] + bg, scale * u[r] + bu);
+          }
         }
       }
     });
@@ -249,7 +256,8 @@ void experts_reference_chunked(const ExpertConfig& cfg, const ExpertWeights& wei
       }
     });
 
-    // Combine: out[t] = sum over j in slot order of w[t,j] * y_(t,j), in fp32, rounded once to bf16.
+    // Combine: out[t] = sum over j in slot order of w[t,j] * y_(t,j), in fp32, rounded once to bf16 (w = 1 for a
+    // routed slot whose weight scaled its input instead).
     const int64_t combine_tasks = (tc + kCombineTokensPerTask - 1) / kCombineTokensPerTask;
     parallel_for(combine_tasks, threads, [&](int64_t task) {
       const int64_t ta = task * kCombineTokensPerTask, tb = std::min(tc, ta + kCombineTokensPerTask);
@@ -259,7 +267,8 @@ void experts_reference_chunked(const ExpertConfig& cfg, const ExpertWeights& wei
           for (int j = 0; j < slots; ++j) {
             const int32_t row = slot_row[t * slots + j];
             if (row < 0) continue;
-            const float w = wts[t * slots + j];
+            const bool on_input = cfg.routing_weight_on_input && ids[t * slots + j] < cfg.num_experts;
+            const float w = on_input ? 1.0f : wts[t * slots + j];
             const float* yr = y.data() + int64_t{row} * H + h;
             for (int l = 0; l < kLanes; ++l) acc[l] += w * yr[l];
           }

@@ -30,9 +30,10 @@ const std::array<Preset, 7> kPresets{{
     {"kimi-k2", "Kimi-K2: sigmoid + bias, top-8 of 384 in one group, scale 2.827, 1 shared expert",
      make_routing_config(RoutingMethod::sigmoid_grouped, 384, 8, 1, true, 1, 1, 2.827f),
      make_expert_config(384, 8, 7168, 2048, 1), true, false, 64},
-    {"llama4-scout", "Llama-4 Scout: top-1 of 16 with a sigmoid weight, 1 shared expert",
-     make_routing_config(RoutingMethod::llama4, 16, 1, 1, false), make_expert_config(16, 1, 5120, 8192, 1), false,
-     false, 64},
+    {"llama4-scout", "Llama-4 Scout: top-1 of 16 with a sigmoid weight on the expert's input, 1 shared expert",
+     make_routing_config(RoutingMethod::llama4, 16, 1, 1, false),
+     make_expert_config(16, 1, 5120, 8192, 1, Activation::silu_gated, GateUpLayout::gate_first, true), false, false,
+     64},
 }};
 
 }  // namespace

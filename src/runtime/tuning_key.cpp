@@ -43,13 +43,13 @@ std::string tuning_key(const Runner& runner, const LayerSpec& spec, int64_t toke
   const RoutingConfig& r = spec.routing;
   const QuantConfig& q = spec.quant;
   return fmt::format(
-      "runner={}@{} E={} local={}@{} K={} S={} H={} I={} act={} gate_up={} bias={} routing={} groups={}/{} w={} a={} "
-      "blocks={}x{}/{} T={}",
+      "runner={}@{} E={} local={}@{} K={} S={} H={} I={} act={} gate_up={} bias={}{} routing={} groups={}/{} w={} "
+      "a={} blocks={}x{}/{} T={}",
       runner.name(), runner.version(), e.num_experts, e.local_experts(), e.local_expert_offset, e.top_k,
       e.num_shared_experts, e.hidden, e.intermediate, activation_name(e.activation), gate_up_layout_name(e.gate_up),
-      spec.expert_biases ? 1 : 0, routing_method_name(r.method), r.n_group, r.topk_group,
-      weight_format_name(q.weight_format), activation_format_name(q.activation_format), q.block_n, q.block_k,
-      q.activation_block, token_bucket(tokens));
+      spec.expert_biases ? 1 : 0, e.routing_weight_on_input ? " weight_on_input=1" : "",
+      routing_method_name(r.method), r.n_group, r.topk_group, weight_format_name(q.weight_format),
+      activation_format_name(q.activation_format), q.block_n, q.block_k, q.activation_block, token_bucket(tokens));
 }
 
 }  // namespace moekit

@@ -40,8 +40,9 @@ void run_case(Bytes& in) {
   }
   routing.routed_scaling_factor = in.chance(50) ? 1.0f : 2.5f;
   const int H = 8 * (1 + in.pick(2)), I = 8 * (1 + in.pick(2));
-  const ExpertConfig global = make_expert_config(E, routing.top_k, H, I, S, static_cast<Activation>(in.pick(3)),
-                                                 static_cast<GateUpLayout>(in.pick(3)));
+  ExpertConfig global = make_expert_config(E, routing.top_k, H, I, S, static_cast<Activation>(in.pick(3)),
+                                           static_cast<GateUpLayout>(in.pick(3)));
+  global.routing_weight_on_input = in.chance(25);
   const int G = E + S;
   const int64_t T = in.pick(6), N = W * T;
   const bool expert_biases = in.chance(40), routing_bias = in.chance(40), unequal = W > 1 && in.chance(20);

@@ -65,6 +65,7 @@ Case decode_case(Bytes& in) {
                                              {1.702f, 1.0f, NAN},
                                              {1.702f, 1.0f, -1.0f}};
   cfg.act = kParams[in.chance(90) ? in.pick(4) : in.pick(8)];
+  cfg.routing_weight_on_input = in.chance(25);
 
   c.tokens = in.pick(12);
   c.plan_top_k = std::clamp(in.chance(97) ? cfg.top_k : cfg.top_k + 1, 1, E);
@@ -100,8 +101,9 @@ std::string describe(const Case& c) {
          std::to_string(r.num_shared_experts) + ", local " + std::to_string(r.local_num_experts) + " from " +
          std::to_string(r.local_expert_offset) + ", activation " + std::to_string(static_cast<int>(r.activation)) +
          " alpha " + std::to_string(r.act.alpha) + " beta " + std::to_string(r.act.beta) + " limit " +
-         std::to_string(r.act.limit) + ", gate_up " + std::to_string(static_cast<int>(r.gate_up)) + ", T " +
-         std::to_string(c.tokens) + ", plan K " + std::to_string(c.plan_top_k) + ")";
+         std::to_string(r.act.limit) + ", gate_up " + std::to_string(static_cast<int>(r.gate_up)) +
+         (r.routing_weight_on_input ? ", weight on input" : "") + ", T " + std::to_string(c.tokens) + ", plan K " +
+         std::to_string(c.plan_top_k) + ")";
 }
 
 void run_case(const Case& c, Bytes& in) {

@@ -77,13 +77,18 @@ inline void contract_output(const ContractCall& c, double rounding, std::vector<
       const int32_t id = c.ids[t * Kt + j];
       const int64_t le = id >= E ? local + (id - E) : int64_t{id} - cfg.local_expert_offset;
       if (id < E && (le < 0 || le >= local)) continue;  // another rank's expert
+      // A routed slot's weight scales the expert's input under routing_weight_on_input, its output otherwise.
+      const double wt = c.weights[t * Kt + j];
+      const bool on_input = cfg.routing_weight_on_input && id < E;
+      const double in_scale = on_input ? wt : 1.0, out_scale = on_input ? 1.0 : wt;
       for (int64_t i = 0; i < I; ++i) {
         double gu[2], size[2];
         for (int which = 0; which < 2; ++which) {
           const int64_t row = le * 2 * I + contract_w13_row(cfg.gate_up, I, i, which);
           double sum = c.b13 ? double{c.b13[row]} : 0.0, abs_sum = std::abs(sum);
           for (int64_t k = 0; k < H; ++k) {
-            const double term = double{bf16_to_float(c.w13[row * H + k])} * bf16_to_float(c.x[t * H + k]);
+            const double term =
+                double{bf16_to_float(c.w13[row * H + k])} * (in_scale * bf16_to_float(c.x[t * H + k]));
             sum += term;
             abs_sum += std::abs(term);
           }
@@ -93,7 +98,6 @@ inline void contract_output(const ContractCall& c, double rounding, std::vector<
         a[i] = contract_activation(cfg, gu[0], gu[1]);
         a_err[i] = 1e-6 * (1.0 + size[0]) * (1.0 + size[1]) * (1.0 + alpha);
       }
-      const double wt = c.weights[t * Kt + j];
       for (int64_t h = 0; h < H; ++h) {
         double y = c.b2 ? double{c.b2[le * H + h]} : 0.0, mag = std::abs(y), err = 0.0;
         for (int64_t i = 0; i < I; ++i) {
@@ -102,8 +106,8 @@ inline void contract_output(const ContractCall& c, double rounding, std::vector<
           mag += std::abs(w * a[i]);
           err += std::abs(w) * a_err[i];
         }
-        want[t * H + h] += wt * y;
-        bound[t * H + h] += std::abs(wt) * (rounding * mag + err);
+        want[t * H + h] += out_scale * y;
+        bound[t * H + h] += std::abs(out_scale) * (rounding * mag + err);
       }
     }
   }

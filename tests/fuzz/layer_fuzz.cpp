@@ -85,6 +85,7 @@ void run_case(Bytes& in) {
   routing.routed_scaling_factor = in.chance(50) ? 1.0f : 2.5f;
   ExpertConfig experts = make_expert_config(E, routing.top_k, H, I, S, static_cast<Activation>(in.pick(3)),
                                             static_cast<GateUpLayout>(in.pick(3)));
+  experts.routing_weight_on_input = in.chance(25);
   if (fault == Fault::routing_experts || fault == Fault::routing_top_k) {  // a routing config valid on its own
     routing.n_group = routing.topk_group = 1;
     if (routing.method == RoutingMethod::llama4) routing.method = RoutingMethod::pre_scored;

@@ -53,6 +53,7 @@ struct GpuCase {
   int block = 16;
   bool bias = false;
   DType logits_dtype = DType::f32;
+  bool weight_on_input = false;  // ExpertConfig::routing_weight_on_input
 };
 
 std::vector<GpuCase> gpu_cases() {
@@ -65,6 +66,8 @@ std::vector<GpuCase> gpu_cases() {
        16},
       {"topk_softmax E8 K2 S1 one token", make_routing_config(RoutingMethod::topk_softmax, 8, 2, 1, true), 128, 64, 1,
        16},
+      {"llama4 E8 K1 S1 weight on input", make_routing_config(RoutingMethod::llama4, 8, 1, 1, false), 128, 64, 45, 16,
+       false, DType::f32, true},
   };
 }
 
@@ -95,6 +98,7 @@ struct Layer {
     global.hidden = c.hidden;
     global.intermediate = c.intermediate;
     global.num_shared_experts = S;
+    global.routing_weight_on_input = c.weight_on_input;
     w13 = random_bf16(rng, (E + S) * 2 * I * H, 1.0f / std::sqrt(float(H)));
     w2 = random_bf16(rng, (E + S) * H * I, 1.0f / std::sqrt(float(I)));
     std::normal_distribution<float> nd(0.0f, 2.0f);

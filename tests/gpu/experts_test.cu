@@ -68,7 +68,7 @@ std::string describe(const Case& c) {
     << " I" << c.cfg.intermediate << " T" << c.tokens << " B" << c.block << " " << activation_name(c.cfg.activation)
     << "/" << gate_up_layout_name(c.cfg.gate_up) << (c.b13 ? " b13" : "") << (c.b2 ? " b2" : "") << " local "
     << c.cfg.local_experts() << "@" << c.cfg.local_expert_offset << " tactic " << c.tactic.gemm1 << "/"
-    << c.tactic.gemm2;
+    << c.tactic.gemm2 << (c.cfg.routing_weight_on_input ? " weight on input" : "");
   return o.str();
 }
 
@@ -267,6 +267,42 @@ TEST(CudaExperts, EveryTacticPair) {
         check_case(c, salt++);
       }
     }
+  }
+}
+
+// A routed slot's weight on the expert's input (Llama-4): the gather (grouped GEMM1, every tactic) or the decode
+// GEMV (tactic 0) scales it, the combine adds the output unweighted, shared slots keep their weight; K = 2 and a
+// rank holding 3 of 8 routed experts, against the reference (which scales GEMM1's sums in fp32).
+TEST(CudaExperts, RoutingWeightOnInput) {
+  MOEKIT_REQUIRE_SM90();
+  const int n = static_cast<int>(cuda_expert_gemm_tactics().size());
+  uint32_t salt = 250;
+  for (int64_t t : {1, 5, 300}) {
+    for (int g1 = 0; g1 < n; ++g1) {
+      for (int g2 : {0, 3, 5}) {
+        Case c;
+        c.cfg = reduced(find_preset("llama4-scout").experts);
+        ASSERT_TRUE(c.cfg.routing_weight_on_input);
+        c.cfg.top_k = 2;
+        c.tokens = t;
+        c.b13 = c.b2 = t == 5;
+        c.tactic = {g1, g2};
+        check_case(c, salt++);
+      }
+    }
+  }
+  for (GateUpLayout l : {GateUpLayout::interleaved, GateUpLayout::gate_first}) {  // the fused gated epilogues
+    Case c;
+    c.cfg = reduced(find_preset("llama4-scout").experts);
+    c.cfg.gate_up = l;
+    c.cfg.intermediate = 256;  // a multiple of 128: gate-first takes the halves form of the fused epilogue
+    c.cfg.num_experts = 8;
+    c.cfg.top_k = 2;
+    c.cfg.local_num_experts = 3;
+    c.cfg.local_expert_offset = 2;
+    c.tokens = 200;
+    c.tactic = {4, 4};
+    check_case(c, salt++);
   }
 }
 

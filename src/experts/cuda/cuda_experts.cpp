@@ -472,7 +472,8 @@ void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const Ten
   f.swap1 = kTactics[tactic.gemm1].swap_ab;
   f.swap2 = kTactics[tactic.gemm2].swap_ab;
   if (grouped1) {
-    detail::launch_gather({pa, map, hidden.data, m.a1y, c.hidden, f}, stream);  // fills both GEMMs' arrays
+    // Fills both GEMMs' arrays too.
+    detail::launch_gather({pa, map, hidden.data, m.a1y, c.hidden, f, c.routing_weight_on_input}, stream);
     if (m.gated_ops[tactic.gemm1].run != nullptr) {
       // GEMM2's act row pointers: its A operand, or its B operand when it runs swapped (A then holds w2).
       detail::GroupedGemmArgs gemm1 = m.gemm1;
@@ -485,10 +486,20 @@ void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const Ten
       detail::launch_activation(ap, stream);
     }
   } else {
-    if (grouped2) detail::launch_fill_problems(f, stream);
+    // The GEMV reads hidden by token; where routed rows must be scaled first, the gather writes them (and fills the
+    // grouped GEMM2's arrays) and the GEMV reads its rows, as GEMM1 does.
+    const bool scaled = c.routing_weight_on_input;
+    if (scaled)
+      detail::launch_gather({pa, map, hidden.data, m.a1y, c.hidden, f, true}, stream);
+    else if (grouped2)
+      detail::launch_fill_problems(f, stream);
     detail::GemvParams gp{pa,        map,      true,           hidden.data,       m.w.w13.data,
                           m.act,     c.hidden, c.intermediate, bias_ref(m.w.b13), c.activation,
                           c.gate_up, c.act};
+    if (scaled) {
+      gp.x = m.a1y;
+      gp.x_per_row = true;
+    }
     detail::launch_gemv(gp, stream);
   }
   if (grouped2) {
@@ -496,9 +507,10 @@ void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const Ten
   } else {
     detail::GemvParams gp{pa,       map, false,        m.act,     m.w.w2.data, m.a1y, c.intermediate,
                           c.hidden, {},  c.activation, c.gate_up, c.act};
+    gp.x_per_row = true;
     detail::launch_gemv(gp, stream);
   }
-  detail::launch_combine({pa, map, m.a1y, bias_ref(m.w.b2), out.data, c.hidden}, stream);
+  detail::launch_combine({pa, map, m.a1y, bias_ref(m.w.b2), out.data, c.hidden, c.routing_weight_on_input}, stream);
 }
 
 }  // namespace moekit

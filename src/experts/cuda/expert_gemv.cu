@@ -140,7 +140,7 @@ __global__ void __launch_bounds__(kWarps * 32, kCtasPerSm<kRows, kPairs, kHoistX
 #pragma unroll
     for (int r = 0; r < kRows; ++r) {
       const int64_t row = r0 + min(r, nr - 1);
-      xr[r] = x + (!p.gated ? row : one_token ? 0 : p.plan.sorted_slots[row] / p.plan.slots) * k;
+      xr[r] = x + (p.x_per_row ? row : one_token ? 0 : p.plan.sorted_slots[row] / p.plan.slots) * k;
     }
     float acc0[kPairs][kRows] = {}, acc1[kPairs][kRows] = {};
     for (int k0 = lane * 8; k0 < k; k0 += kPairStep) {

@@ -62,16 +62,31 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gather_tokens_kernel(Gather
   load(begin);
   const int kt = p.plan.slots;
   int row = -1;
+  float scale = 1.0f;  // weight_on_input: the routed slot's weight
   if (lane < kt) {
     const int id = p.plan.topk_ids[t * kt + lane];
     row = p.plan.slot_rows[t * kt + lane];
     if (local_expert(p.map, id) < 0) row = -1;
+    if (p.weight_on_input && id < p.map.num_experts) scale = p.plan.topk_weights[t * kt + lane];
   }
   const uint32_t local = __ballot_sync(0xffffffffu, row >= 0);
   for (int base = begin; base < end; base += 32 * kChunks) {  // warp-uniform trip count: every lane shuffles
     if (base != begin) load(base);
     for (uint32_t m = local; m != 0; m &= m - 1) {
       const int64_t r = __shfl_sync(0xffffffffu, row, __ffs(m) - 1);
+      if (p.weight_on_input) {  // uniform: each slot's row scaled by its weight, rounded once to bf16
+        const float s = __shfl_sync(0xffffffffu, scale, __ffs(m) - 1);
+#pragma unroll
+        for (int j = 0; j < kChunks; ++j) {
+          const int v = base + lane + 32 * j;
+          if (v >= end) continue;
+          Bf16x8 f = load_bf16x8(&x[j]);
+#pragma unroll
+          for (int i = 0; i < 8; ++i) f.v[i] *= s;
+          store_bf16x8(a1 + r * vecs + v, f.v);
+        }
+        continue;
+      }
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
         const int v = base + lane + 32 * j;
@@ -158,9 +173,11 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
   __shared__ float s_weight[32];
   if (threadIdx.x < kt) {
     const int64_t slot = t * kt + threadIdx.x;
-    s_expert[threadIdx.x] = local_expert(p.map, p.plan.topk_ids[slot]);
+    const int id = p.plan.topk_ids[slot];
+    s_expert[threadIdx.x] = local_expert(p.map, id);
     s_row[threadIdx.x] = p.plan.slot_rows[slot];
-    s_weight[threadIdx.x] = p.plan.topk_weights[slot];
+    const bool on_input = p.weight_on_input && id < p.map.num_experts;  // the weight scaled the input
+    s_weight[threadIdx.x] = on_input ? 1.0f : p.plan.topk_weights[slot];
   }
   __syncthreads();
   wait_for_predecessor();  // y comes from GEMM2; the plan was complete before GEMM2 let this kernel start

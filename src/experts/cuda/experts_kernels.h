@@ -117,8 +117,9 @@ struct FillProblemsParams {
 };
 void launch_fill_problems(const FillProblemsParams& p, Stream stream);
 
-/// a1[slot_rows[t, j]] = hidden[t] for every token t and local slot j (each hidden row read once), and, in one
-/// extra CTA of the same launch, what launch_fill_problems(fill) does.
+/// a1[slot_rows[t, j]] = hidden[t] for every token t and local slot j (each hidden row read once; with
+/// weight_on_input a routed slot's row is w[t, j] * hidden[t], rounded to bf16), and, in one extra CTA of the same
+/// launch, what launch_fill_problems(fill) does.
 struct GatherParams {
   PlanArrays plan;
   ExpertMap map;
@@ -126,6 +127,7 @@ struct GatherParams {
   void* a1 = nullptr;            // [cap, H] bf16
   int hidden_size = 0;
   FillProblemsParams fill;
+  bool weight_on_input = false;  // ExpertConfig::routing_weight_on_input
 };
 void launch_gather(const GatherParams& p, Stream stream);
 
@@ -143,9 +145,10 @@ struct ActivationKernelParams {
 };
 void launch_activation(const ActivationKernelParams& p, Stream stream);
 
-/// Decode GEMV over the plan's blocks. gated (GEMM1): x rows are hidden[token], weights w13 [E', 2I, H], output
-/// act [cap, I] with b13 and the activation fused; plain (GEMM2): x rows are act, weights w2 [E', H, I], output
-/// y [cap, H].
+/// Decode GEMV over the plan's blocks. gated (GEMM1): x rows are hidden[token] (or, with x_per_row, rows the gather
+/// wrote in plan order: routed rows scaled by their weight under routing_weight_on_input), weights w13 [E', 2I, H],
+/// output act [cap, I] with b13 and the activation fused; plain (GEMM2, x_per_row): x rows are act, weights w2
+/// [E', H, I], output y [cap, H].
 struct GemvParams {
   PlanArrays plan;
   ExpertMap map;
@@ -159,10 +162,12 @@ struct GemvParams {
   Activation activation = Activation::silu_gated;
   GateUpLayout layout = GateUpLayout::gate_first;
   ActivationParams act_params;
+  bool x_per_row = false;  // x holds a row per plan row (else GEMM1's hidden [T, H], a row per token)
 };
 void launch_gemv(const GemvParams& p, Stream stream);
 
-/// out[t] = sum_j w[t,j] * (y[slot_rows[t,j]] + b2[local(id)]) over local slots j in order, fp32, one bf16 rounding.
+/// out[t] = sum_j w[t,j] * (y[slot_rows[t,j]] + b2[local(id)]) over local slots j in order, fp32, one bf16 rounding;
+/// w = 1 for routed slots with weight_on_input (their weight scaled the input).
 struct CombineParams {
   PlanArrays plan;
   ExpertMap map;
@@ -170,6 +175,7 @@ struct CombineParams {
   BiasRef b2;               // [E', H]
   void* out = nullptr;      // [T, H] bf16
   int hidden = 0;
+  bool weight_on_input = false;  // ExpertConfig::routing_weight_on_input
 };
 void launch_combine(const CombineParams& p, Stream stream);
 
