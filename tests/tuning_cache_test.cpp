@@ -102,13 +102,18 @@ TEST(TuningCache, SaveMergesWithTheFileAndLearnedEntriesWin) {
   fs::remove_all(dir);
 }
 
-TEST(TuningCache, MetadataMismatchInvalidates) {
-  const fs::path dir = temp_dir();
-  const fs::path path = dir / "cache.json";
+// Saves a cache of one entry "k" with test_metadata() to `path`; returns the file's text.
+std::string save_one_entry(const fs::path& path) {
   Autotuner writer(test_metadata());
   writer.insert("k", {"g1_0", "g2_0", {"g1_0"}, {"g2_0"}, 1.0, 1.0, 1});
   writer.save(path);
-  const std::string original = read_all(path);
+  return read_all(path);
+}
+
+TEST(TuningCache, MetadataMismatchInvalidates) {
+  const fs::path dir = temp_dir();
+  const fs::path path = dir / "cache.json";
+  const std::string original = save_one_entry(path);
   struct Variant {
     std::string field;
     CacheMetadata meta;
@@ -244,10 +249,7 @@ TEST(TuningCache, PlacesThatCannotHoldTheFileAreNamed) {
 TEST(TuningCache, ASaveThatCannotBeWrittenLeavesTheFileAsItWas) {
   const fs::path dir = temp_dir();
   const fs::path path = dir / "cache.json";
-  Autotuner before(test_metadata());
-  before.insert("old", {"g1_0", "g2_0", {"g1_0"}, {"g2_0"}, 1.0, 1.0, 1});
-  before.save(path);
-  const std::string on_disk = read_all(path);
+  const std::string on_disk = save_one_entry(path);
   ASSERT_GT(on_disk.size(), 64u);
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
