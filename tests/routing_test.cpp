@@ -169,6 +169,19 @@ TEST(RoutingTiny, PreScoredUsesTheScores) {
   expect_weights(r.weights, {2 * 0.4f / (0.4 + 0.3f), 2 * 0.3f / (0.4 + 0.3f)});
 }
 
+// Ids chosen elsewhere (README: an engine's own top-k): scores holding the chosen experts' weights and -inf
+// elsewhere select exactly them, with those weights, in descending weight order; even a weight below every other
+// weight's magnitude, or a zero.
+TEST(RoutingTiny, PreScoredSelectsIdsChosenElsewhere) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  auto r = route(make_routing_config(RoutingMethod::pre_scored, 6, 3), {ninf, 0.25f, ninf, 0.5f, ninf, -2.0f});
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{3, 1, 5}));
+  expect_weights(r.weights, {0.5f, 0.25f, -2.0f});
+  r = route(make_routing_config(RoutingMethod::pre_scored, 4, 2, 1), {0.0f, ninf, ninf, 1e-30f});
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{3, 0, 4}));
+  expect_weights(r.weights, {1e-30f, 0.0f, 1.0f});
+}
+
 TEST(RoutingTiny, RenormalizeSkipsAZeroSum) {
   const auto r = route(make_routing_config(RoutingMethod::pre_scored, 3, 2, 0, true), {0, 0, -1});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 1}));
