@@ -150,8 +150,9 @@ void run_demo(const DemoOptions& o) {
   MoELayer layer(ecfg, rcfg, QuantConfig{}, weights, options);
   fmt::print("backend: {} (runner {}{})\n", on_gpu ? "cuda" : "cpu", layer.backend(),
              on_gpu ? " on " + device_info(0).name : std::string());
-  fmt::print("shapes: tokens {}, experts {} (+{} shared), top_k {}, hidden {}, intermediate {}, {}\n", T, E,
-             ecfg.num_shared_experts, ecfg.top_k, H, I, routing_method_name(rcfg.method));
+  fmt::print("shapes: tokens {}, experts {} (+{} shared), top_k {}, hidden {}, intermediate {}, {}{}\n", T, E,
+             ecfg.num_shared_experts, ecfg.top_k, H, I, routing_method_name(rcfg.method),
+             ecfg.routing_weight_on_input ? " (routing weight on the expert's input)" : "");
   fmt::print("weights: {:.2f} GiB bf16, generated in {:.0f} ms\n", gib(weight_bytes(ecfg)), gen_ms);
 
   // The GPU runs a warm-up and reports the median of several synchronized runs; the CPU runs once.
