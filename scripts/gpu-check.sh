@@ -105,6 +105,10 @@ if want bench; then
     step "bench_moe_$p" "$moekit" bench moe --preset "$p" --tokens "${MOE_TOKENS:-1,16,64,256,1024,4096,16384}" \
       --kernels --json "$out/bench_moe_$p.json" "${moe_args[@]}"
   done
+  # llama4-scout at full size (its experts take the routing weight on their input): verified against the CPU
+  # reference at both paths (GEMV at T = 1, grouped at 64), then a short timing. kimi-k2 runs deepseek-v3's path.
+  step bench_moe_llama4-scout "$moekit" bench moe --preset llama4-scout --tokens 1,64 --samples 10 \
+    --json "$out/bench_moe_llama4-scout.json"
   jsons=()
   for p in mixtral-8x7b qwen3-30b-a3b deepseek-v3 qwen3-next-80b gpt-oss-120b; do
     [[ -f "$out/bench_moe_$p.json" ]] && jsons+=("$out/bench_moe_$p.json")
@@ -112,7 +116,7 @@ if want bench; then
   python3 scripts/plot_moe.py "$out/moe_floor_fraction.png" "${jsons[@]}" >"$out/plot.log" 2>&1 ||
     record "| plot | FAILED ($out/plot.log) | |"
   show bench_route_seed6 bench_route_dsv3 bench_moe_mixtral-8x7b bench_moe_qwen3-30b-a3b bench_moe_deepseek-v3 \
-    bench_moe_qwen3-next-80b bench_moe_gpt-oss-120b
+    bench_moe_qwen3-next-80b bench_moe_gpt-oss-120b bench_moe_llama4-scout
 fi
 
 # The unified layer: the demo through MoELayer ("auto" picks cuda_bf16), the tuned pair against the default pair at
