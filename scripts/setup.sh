@@ -3,6 +3,7 @@
 # (.deps, git-ignored) that CMake reads. Idempotent: a second run changes nothing. A GPU machine without network
 # builds from a copy of .deps carried along with the source.
 #   scripts/setup.sh            install packages (when missing) and fill .deps
+#   scripts/setup.sh PKG...     the same, with more Debian packages (e.g. clang for the sanitizer build)
 #   MOEKIT_SKIP_APT=1 ...       fill .deps only from what is installed
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -10,7 +11,7 @@ deps="${MOEKIT_DEPS_DIR:-$root/.deps}"
 cmake_version="3.31.6"    # pinned: Debian 12's CMake 3.25 lacks nvcc's C++20 dialect flag
 cutlass_version="4.2.0.0"  # pinned: nvidia-cutlass on PyPI ships the CUTLASS/CuTe C++ headers
 sass_tools_version="13.5.37"  # pinned: nvidia-cuda-cuobjdump / -nvdisasm on PyPI (the SASS check, where nvcc lacks them)
-apt_packages=(cmake ninja-build g++ python3-pip nlohmann-json3-dev libfmt-dev libcli11-dev googletest)
+apt_packages=(cmake ninja-build g++ python3-pip nlohmann-json3-dev libfmt-dev libcli11-dev googletest "$@")
 
 missing=()
 for p in "${apt_packages[@]}"; do

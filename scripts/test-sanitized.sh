@@ -10,25 +10,15 @@
 #   scripts/test-sanitized.sh [address|thread]...   (default: both, one build folder each)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh clang
 source scripts/env.sh
-# clang++ (Debian's package `clang`, installed when missing unless MOEKIT_SKIP_APT=1).
-clang_cxx() {
-  if ! command -v clang++ >/dev/null && [[ "${MOEKIT_SKIP_APT:-0}" != 1 ]]; then
-    echo "setup: installing clang" >&2
-    sudo_cmd=""; [[ $(id -u) -ne 0 ]] && sudo_cmd="sudo"
-    $sudo_cmd apt-get update -qq >&2
-    DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq clang >/dev/null
-  fi
-  command -v clang++
-}
 kinds=("$@")
 [[ ${#kinds[@]} -eq 0 ]] && kinds=(address thread)
 for kind in "${kinds[@]}"; do
   case "$kind" in
     address)
       build="${MOEKIT_SANITIZE_BUILD_DIR:-build-sanitize}"
-      compiler=(-DCMAKE_CXX_COMPILER="$(clang_cxx)")
+      compiler=(-DCMAKE_CXX_COMPILER=clang++)
       link="-fsanitize=address,undefined"
       flags="$link -fno-sanitize-recover=undefined -fno-omit-frame-pointer -O1"
       ;;

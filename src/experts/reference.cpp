@@ -170,6 +170,8 @@ void experts_reference_chunked(const ExpertConfig& cfg, const ExpertWeights& wei
     const int64_t le = int64_t{id} - cfg.local_expert_offset;
     return le >= 0 && le < local ? le : -1;
   };
+  // Whether slot id `id`'s weight scales its expert's input rather than its output (routed slots only).
+  auto weight_on_input = [&](int32_t id) { return cfg.routing_weight_on_input && id < cfg.num_experts; };
 
   // Scratch for one chunk of tokens, allocated once per call.
   if (chunk_tokens <= 0) {  // the sizes are validated: no overflow
@@ -201,7 +203,7 @@ void experts_reference_chunked(const ExpertConfig& cfg, const ExpertWeights& wei
       const int64_t le = local_index(ids[s]);
       slot_row[s] = le >= 0 ? static_cast<int32_t>(cursor[le]) : -1;
       if (le < 0) continue;
-      row_scale[cursor[le]] = cfg.routing_weight_on_input && ids[s] < cfg.num_experts ? wts[s] : 1.0f;
+      row_scale[cursor[le]] = weight_on_input(ids[s]) ? wts[s] : 1.0f;
       row_token[cursor[le]++] = static_cast<int32_t>(s / slots);
     }
     for (int64_t i = 0; i < tc * H; ++i) xf[i] = widen_bf16(x_bf16[t0 * H + i]);
@@ -267,8 +269,7 @@ void experts_reference_chunked(const ExpertConfig& cfg, const ExpertWeights& wei
           for (int j = 0; j < slots; ++j) {
             const int32_t row = slot_row[t * slots + j];
             if (row < 0) continue;
-            const bool on_input = cfg.routing_weight_on_input && ids[t * slots + j] < cfg.num_experts;
-            const float w = on_input ? 1.0f : wts[t * slots + j];
+            const float w = weight_on_input(ids[t * slots + j]) ? 1.0f : wts[t * slots + j];
             const float* yr = y.data() + int64_t{row} * H + h;
             for (int l = 0; l < kLanes; ++l) acc[l] += w * yr[l];
           }

@@ -1,5 +1,7 @@
 // moekit: the command-line entry point. Parses the subcommand, runs it, and turns moekit::Error into a message on
 // stderr and exit status 1 (2 for a command-line syntax error).
+#include <fmt/format.h>
+
 #include <cstdio>
 #include <exception>
 #include <new>
@@ -15,14 +17,13 @@ namespace {
 // What `moekit --version` prints: the library version, whether this build has the CUDA kernels, and each GPU it
 // sees (what a bug report needs).
 std::string version_text() {
-  std::string s = "moekit " + std::string(moekit::kVersion) +
-                  (moekit::built_with_cuda() ? " (CUDA kernels for sm_90a)" : " (CPU only: built without CUDA)");
+  std::string s = fmt::format("moekit {} ({})", moekit::kVersion,
+                              moekit::built_with_cuda() ? "CUDA kernels for sm_90a" : "CPU only: built without CUDA");
   const int n = moekit::cuda_device_count();
   for (int i = 0; i < n; ++i) {
     const moekit::DeviceInfo d = moekit::device_info(i);
-    s += "\ncuda:" + std::to_string(i) + " " + d.name + ", sm_" + std::to_string(d.cc_major) +
-         std::to_string(d.cc_minor) + ", " + std::to_string(d.sm_count) + " SMs" +
-         (moekit::device_is_sm90(i) ? "" : " (not sm_90: the CUDA backend will not run on it)");
+    s += fmt::format("\ncuda:{} {}, sm_{}{}, {} SMs{}", i, d.name, d.cc_major, d.cc_minor, d.sm_count,
+                     moekit::device_is_sm90(i) ? "" : " (not sm_90: the CUDA backend will not run on it)");
   }
   if (moekit::built_with_cuda() && n == 0) s += "\nno CUDA device visible";
   return s;

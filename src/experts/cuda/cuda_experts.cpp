@@ -471,9 +471,14 @@ void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const Ten
                                m.a1y, m.c1, m.act,    m.a1y,          m.gemm1,      m.gemm2};
   f.swap1 = kTactics[tactic.gemm1].swap_ab;
   f.swap2 = kTactics[tactic.gemm2].swap_ab;
-  if (grouped1) {
-    // Fills both GEMMs' arrays too.
+  // GEMM1 reads rows gathered into plan order, and so does the GEMV when routed rows must be scaled by their weight
+  // first (routing_weight_on_input); otherwise the GEMV reads hidden by token. The gather fills both GEMMs' arrays.
+  const bool gathered = grouped1 || c.routing_weight_on_input;
+  if (gathered)
     detail::launch_gather({pa, map, hidden.data, m.a1y, c.hidden, f, c.routing_weight_on_input}, stream);
+  else if (grouped2)
+    detail::launch_fill_problems(f, stream);
+  if (grouped1) {
     if (m.gated_ops[tactic.gemm1].run != nullptr) {
       // GEMM2's act row pointers: its A operand, or its B operand when it runs swapped (A then holds w2).
       detail::GroupedGemmArgs gemm1 = m.gemm1;
@@ -486,20 +491,11 @@ void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const Ten
       detail::launch_activation(ap, stream);
     }
   } else {
-    // The GEMV reads hidden by token; where routed rows must be scaled first, the gather writes them (and fills the
-    // grouped GEMM2's arrays) and the GEMV reads its rows, as GEMM1 does.
-    const bool scaled = c.routing_weight_on_input;
-    if (scaled)
-      detail::launch_gather({pa, map, hidden.data, m.a1y, c.hidden, f, true}, stream);
-    else if (grouped2)
-      detail::launch_fill_problems(f, stream);
     detail::GemvParams gp{pa,        map,      true,           hidden.data,       m.w.w13.data,
                           m.act,     c.hidden, c.intermediate, bias_ref(m.w.b13), c.activation,
                           c.gate_up, c.act};
-    if (scaled) {
-      gp.x = m.a1y;
-      gp.x_per_row = true;
-    }
+    if (gathered) gp.x = m.a1y;
+    gp.x_per_row = gathered;
     detail::launch_gemv(gp, stream);
   }
   if (grouped2) {

@@ -24,6 +24,16 @@ constexpr int kWarpsPerCta = 8;
 constexpr int64_t kActWarps = 16384;    // the activation splits rows until about this many warps are launched
 constexpr int64_t kGatherWarps = 4096;  // the gather: T >= 4096 keeps a warp per token
 
+/// Eight bf16 values times `s`, each rounded once to bf16.
+__device__ __forceinline__ uint4 scaled_bf16x8(const uint4& x, float s) {
+  Bf16x8 f = load_bf16x8(&x);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) f.v[i] *= s;
+  uint4 out;
+  store_bf16x8(&out, f.v);
+  return out;
+}
+
 // Hidden row t (this warp's slice of it) is read once and written to the a1 row of each of its local slots. Folding
 // this pass into GEMM1's main loop (rows copied from the hidden states by per-row TMA or by cp.async) was measured
 // 1.0-2.7x slower than this pass plus the TMA-fed GEMM1 (H200, docs/benchmarks.md "Twelfth session"). The
@@ -74,23 +84,12 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gather_tokens_kernel(Gather
     if (base != begin) load(base);
     for (uint32_t m = local; m != 0; m &= m - 1) {
       const int64_t r = __shfl_sync(0xffffffffu, row, __ffs(m) - 1);
-      if (p.weight_on_input) {  // uniform: each slot's row scaled by its weight, rounded once to bf16
-        const float s = __shfl_sync(0xffffffffu, scale, __ffs(m) - 1);
-#pragma unroll
-        for (int j = 0; j < kChunks; ++j) {
-          const int v = base + lane + 32 * j;
-          if (v >= end) continue;
-          Bf16x8 f = load_bf16x8(&x[j]);
-#pragma unroll
-          for (int i = 0; i < 8; ++i) f.v[i] *= s;
-          store_bf16x8(a1 + r * vecs + v, f.v);
-        }
-        continue;
-      }
+      // weight_on_input (uniform): the slot's row scaled by its weight, rounded once to bf16.
+      const float s = p.weight_on_input ? __shfl_sync(0xffffffffu, scale, __ffs(m) - 1) : 1.0f;
 #pragma unroll
       for (int j = 0; j < kChunks; ++j) {
         const int v = base + lane + 32 * j;
-        if (v < end) a1[r * vecs + v] = x[j];
+        if (v < end) a1[r * vecs + v] = p.weight_on_input ? scaled_bf16x8(x[j], s) : x[j];
       }
     }
   }
