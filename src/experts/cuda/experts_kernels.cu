@@ -77,7 +77,10 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gather_tokens_kernel(Gather
     const int id = p.plan.topk_ids[t * kt + lane];
     row = p.plan.slot_rows[t * kt + lane];
     if (local_expert(p.map, id) < 0) row = -1;
-    if (p.weight_on_input && id < p.map.num_experts) scale = p.plan.topk_weights[t * kt + lane];
+    if (p.weight_on_input) {  // loaded whatever the id (a load under a predicate on the id waits for the id)
+      const float weight = p.plan.topk_weights[t * kt + lane];
+      scale = id < p.map.num_experts ? weight : 1.0f;
+    }
   }
   const uint32_t local = __ballot_sync(0xffffffffu, row >= 0);
   for (int base = begin; base < end; base += 32 * kChunks) {  // warp-uniform trip count: every lane shuffles
@@ -175,8 +178,11 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
     const int id = p.plan.topk_ids[slot];
     s_expert[threadIdx.x] = local_expert(p.map, id);
     s_row[threadIdx.x] = p.plan.slot_rows[slot];
+    // Loaded whatever the id: a load under a predicate on the id waited for the id's load (H100: the combine's
+    // cold median +0.3-0.4 us on qwen3-next at T = 1, docs/benchmarks.md "Forty-seventh session").
+    const float weight = p.plan.topk_weights[slot];
     const bool on_input = p.weight_on_input && id < p.map.num_experts;  // the weight scaled the input
-    s_weight[threadIdx.x] = on_input ? 1.0f : p.plan.topk_weights[slot];
+    s_weight[threadIdx.x] = on_input ? 1.0f : weight;
   }
   __syncthreads();
   wait_for_predecessor();  // y comes from GEMM2; the plan was complete before GEMM2 let this kernel start
