@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU check, run on a machine with an H200/H100: builds everything with all cores, runs every GPU test executable
-# (tests/gpu/*_test.cu -> $BUILD_DIR/tests/gpu_*), compute-sanitizer memcheck and racecheck, the key benchmarks,
-# the unified layer (demo, tuned vs default, tuning time) and the expert-parallel check, printing short tables last.
+# (tests/gpu/*_test.cu -> $BUILD_DIR/tests/gpu_*) and every CPU test, compute-sanitizer memcheck and racecheck, the
+# key benchmarks, the unified layer (demo, tuned vs default, tuning time) and the expert-parallel check, printing short tables last.
 # Logs and JSON go to $OUT_DIR.
 #   scripts/gpu-check.sh                          everything; build in ./build, logs in ./gpu-check-out
 #   PARTS="build tests" scripts/gpu-check.sh      a subset of: build tests sanitize bench layer ep
@@ -73,7 +73,8 @@ if want tests; then
   # Every CPU test too, with a GPU present: some checks change where there is one (the CUDA runner, the CLI's
   # benchmark tables, the device a tuning cache names). The GPU tests ran above; the package tests, which build a
   # consumer project, run in CI.
-  step cpu_tests_with_gpu ctest --test-dir "$build" -j"$(nproc)" --output-on-failure -E '^(Gpu|CudaExperts|SassCheck|Package)'
+  step cpu_tests_with_gpu ctest --test-dir "$build" -j"$(nproc)" --output-on-failure \
+    -E '^(Gpu|CudaExperts|SassCheck|Package)'
   # The machine code this toolchain built: sm_90a, no local memory, HGMMA in every CUTLASS GEMM.
   step sass_check ctest --test-dir "$build" -R '^SassCheck$' --output-on-failure
 fi
