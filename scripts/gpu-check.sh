@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # GPU check, run on a machine with an H200/H100: builds everything with all cores, runs every GPU test executable
 # (tests/gpu/*_test.cu -> $BUILD_DIR/tests/gpu_*) and every CPU test, compute-sanitizer memcheck and racecheck, the
-# key benchmarks, the unified layer (demo, tuned vs default, tuning time) and the expert-parallel check, printing short tables last.
-# Logs and JSON go to $OUT_DIR.
+# key benchmarks, the unified layer (demo, tuned vs default, tuning time) and the expert-parallel check, printing
+# short tables last. Logs and JSON go to $OUT_DIR.
 #   scripts/gpu-check.sh                          everything; build in ./build, logs in ./gpu-check-out
 #   PARTS="build tests" scripts/gpu-check.sh      a subset of: build tests sanitize bench layer ep
 #   BUILD_DIR=build-x PARTS=bench ...             reuse binaries built earlier
