@@ -903,20 +903,17 @@ TEST(TuneCommand, ACacheFromAnotherMachineIsIgnoredAndReplaced) {
   Command first = run_cli("tune --preset qwen3-30b-a3b --tokens 1,2 --cache " + cache + " --device cpu");
   ASSERT_EQ(first.status, 0) << first.output;
   // The file names this machine's device ("cpu", or the GPU's name where one is present): another's replaces it.
+  const std::string name = CacheMetadata::current().device_name;
+  const std::string here = "\"device_name\": \"" + name + "\"";
   std::string text = testing::read_all(cache);
-  const std::string key = "\"device_name\": \"";
-  const size_t at = text.find(key);
+  const size_t at = text.find(here);
   ASSERT_NE(at, std::string::npos) << text;
-  const size_t name_begin = at + key.size(), name_end = text.find('"', name_begin);
-  ASSERT_NE(name_end, std::string::npos) << text;
-  const std::string name = text.substr(name_begin, name_end - name_begin);
-  const std::string here = key + name + "\"";
-  text.replace(name_begin, name_end - name_begin, "Another GPU");
+  text.replace(at, here.size(), "\"device_name\": \"Another GPU\"");
   std::ofstream(cache) << text;
   Command second = run_cli("tune --preset qwen3-30b-a3b --tokens 1 --cache " + cache + " --device cpu");
   ASSERT_EQ(second.status, 0) << second.output;
-  EXPECT_NE(second.output.find("ignoring 2 entries of " + cache +
-                               ": metadata differs: device_name ('" + name + "' vs 'Another GPU') (this machine vs the file)"),
+  EXPECT_NE(second.output.find("ignoring 2 entries of " + cache + ": metadata differs: device_name ('" + name +
+                               "' vs 'Another GPU') (this machine vs the file)"),
             std::string::npos)
       << second.output;
   EXPECT_NE(

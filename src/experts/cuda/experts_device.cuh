@@ -40,8 +40,13 @@ void launch_dependent(void (*kernel)(Params), dim3 grid, dim3 block, Stream stre
   check_launch(what);
 }
 
+/// Whether slot id `id` names a routed expert (ids >= E are the fused shared experts).
+__device__ __forceinline__ bool routed_expert(const ExpertMap& m, int id) {
+  return id < m.num_experts;
+}
+
 __device__ __forceinline__ int local_expert(const ExpertMap& m, int id) {
-  if (id >= m.num_experts) return m.local_count + (id - m.num_experts);  // shared expert
+  if (!routed_expert(m, id)) return m.local_count + (id - m.num_experts);  // shared expert
   const int l = id - m.local_offset;
   return (l >= 0 && l < m.local_count) ? l : -1;
 }

@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32) gather_tokens_kernel(Gather
     if (local_expert(p.map, id) < 0) row = -1;
     if (p.weight_on_input) {  // loaded whatever the id (a load under a predicate on the id waits for the id)
       const float weight = p.plan.topk_weights[t * kt + lane];
-      scale = id < p.map.num_experts ? weight : 1.0f;
+      scale = routed_expert(p.map, id) ? weight : 1.0f;
     }
   }
   const uint32_t local = __ballot_sync(0xffffffffu, row >= 0);
@@ -181,7 +181,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(CombineParams 
     // Loaded whatever the id: a load under a predicate on the id waited for the id's load (H100: the combine's
     // cold median +0.3-0.4 us on qwen3-next at T = 1, docs/benchmarks.md "Forty-seventh session").
     const float weight = p.plan.topk_weights[slot];
-    const bool on_input = p.weight_on_input && id < p.map.num_experts;  // the weight scaled the input
+    const bool on_input = p.weight_on_input && routed_expert(p.map, id);  // the weight scaled the input
     s_weight[threadIdx.x] = on_input ? 1.0f : weight;
   }
   __syncthreads();
