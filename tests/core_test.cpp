@@ -120,6 +120,11 @@ TEST(Device, QueriesNeverThrowWithoutAGpu) {
   if (n == 0) {
     EXPECT_FALSE(device_is_sm90(0));
     EXPECT_THROW(device_info(0), NotSupported);
+    // The memory helpers fail with moekit's errors (NotSupported without CUDA, CudaError without a device).
+    int x = 0, y = 0;
+    EXPECT_THROW(copy_to_device(&x, &y, 4), Error);
+    EXPECT_THROW(copy_to_host(&x, &y, 4), Error);
+    EXPECT_THROW(fill_device_bytes(&x, 0, 4), Error);
   } else {
     EXPECT_FALSE(device_info(0).name.empty());
   }

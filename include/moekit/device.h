@@ -33,8 +33,8 @@ DeviceInfo device_info(int index = 0);
 bool device_is_sm90(int index = 0);
 
 /// Owning device memory for tools, tests and bindings that must not include CUDA headers. Allocation happens in the
-/// constructor (cudaMalloc on `device`); upload/download are synchronous copies. Throws NotSupported in a build
-/// without CUDA, CudaError when a CUDA call fails.
+/// constructor (cudaMalloc on `device`); upload/download are synchronous like copy_to_device/copy_to_host below.
+/// Throws NotSupported in a build without CUDA, CudaError when a CUDA call fails.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
@@ -49,7 +49,8 @@ class DeviceBuffer {
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
   int device() const { return device_; }
-  /// Copies `bytes` (<= this->bytes()) from host memory.
+  /// Copies `bytes` (<= this->bytes()) from host memory, after the device's pending work; the bytes are in
+  /// place when it returns.
   void upload(const void* host, size_t bytes);
   /// Copies `bytes` (<= this->bytes()) to host memory, after the device's pending work.
   void download(void* host, size_t bytes) const;
@@ -60,10 +61,15 @@ class DeviceBuffer {
   int device_ = 0;
 };
 
-/// Synchronous copies between host memory and device memory that moekit or the caller allocated.
-/// Throws NotSupported without CUDA, CudaError on failure.
+/// Synchronous copies between host memory and device memory that moekit or the caller allocated, and a byte fill
+/// of device memory. Each waits for the work pending on every stream of the device that holds the device-side
+/// bytes (blocking or not: plain cudaMemcpy and cudaMemset order themselves after the legacy default stream
+/// only), then copies or fills, and returns when the bytes are in place. Not for the hot path, and not while a
+/// stream of that device captures a graph in global mode. Throws InvalidArgument when the device-side pointer is
+/// not CUDA device or managed memory, NotSupported without CUDA, CudaError on failure.
 void copy_to_host(void* host_dst, const void* device_src, size_t bytes);
 void copy_to_device(void* device_dst, const void* host_src, size_t bytes);
+void fill_device_bytes(void* device_dst, unsigned char value, size_t bytes);
 
 /// Waits for all work on `device`. Throws CudaError with the failure of any earlier asynchronous work.
 void device_synchronize(int device = 0);

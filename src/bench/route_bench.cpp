@@ -260,7 +260,7 @@ RoutePhases trace_phases(Harness& harness, const LaunchFn& call, int variants, c
   const int samples = std::max(1, timing.samples);
   const int64_t words = detail::route_cuda_trace_words();
   DeviceBuffer buf(static_cast<size_t>(samples * words) * 8);
-  check(cudaMemset(buf.data(), 0, static_cast<size_t>(samples * words) * 8), "cudaMemset(trace)");
+  fill_device_bytes(buf.data(), 0, static_cast<size_t>(samples * words) * 8);
   int64_t n = 0;
   const LaunchFn traced = [&](int v, Stream s) {
     tuning.trace = static_cast<uint64_t*>(buf.data()) + (n++ % samples) * words;
@@ -299,7 +299,7 @@ std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCa
     std::vector<float> bias(static_cast<size_t>(E));
     for (float& b : bias) b = small(rng);
     DeviceBuffer d_bias(bias.size() * 4);
-    check(cudaMemcpy(d_bias.data(), bias.data(), bias.size() * 4, cudaMemcpyHostToDevice), "cudaMemcpy(bias)");
+    copy_to_device(d_bias.data(), bias.data(), bias.size() * 4);
     const TensorView bias_dev =
         c.bias ? TensorView::contiguous(d_bias.data(), DType::f32, {E}, Device::cuda()) : TensorView{};
     const TensorView bias_host = c.bias ? TensorView::contiguous(bias.data(), DType::f32, {E}) : TensorView{};
@@ -320,8 +320,7 @@ std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCa
       }
       const void* host = c.dtype == DType::bf16 ? static_cast<const void*>(x16.data()) : x.data();
       logits.push_back(std::make_unique<DeviceBuffer>(static_cast<size_t>(elems) * esz));
-      check(cudaMemcpy(logits.back()->data(), host, static_cast<size_t>(elems) * esz, cudaMemcpyHostToDevice),
-            "cudaMemcpy(logits)");
+      copy_to_device(logits.back()->data(), host, static_cast<size_t>(elems) * esz);
       refs.emplace_back(shape, Device::cpu());
       replay_refs.emplace_back(static_cast<size_t>(T * K));
       route(c.cfg, TensorView::contiguous(const_cast<void*>(host), c.dtype, {T, E}), bias_host, refs.back(), nullptr,
@@ -330,7 +329,10 @@ std::vector<RouteResult> bench_route(Harness& harness, const std::vector<RouteCa
     // The first difference from the reference over the variants, routed with the current launch tuning.
     auto verify = [&]() -> std::string {
       for (int v = 0; v < variants; ++v) {
-        check(cudaMemset(plan.view().sorted_slots, 0xa5, shape.capacity() * 4), "poison");
+        // On the call's stream: a plain cudaMemset would not be ordered before the route on a non-blocking stream.
+        check(
+            cudaMemsetAsync(plan.view().sorted_slots, 0xa5, shape.capacity() * 4, static_cast<cudaStream_t>(stream)),
+            "poison");
         route(c.cfg, TensorView::contiguous(logits[static_cast<size_t>(v)]->data(), c.dtype, {T, E}, Device::cuda()),
               bias_dev, plan, stream, replay_dev);
         check(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)), "route");

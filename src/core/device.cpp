@@ -70,6 +70,41 @@ namespace {
 void check(cudaError_t e, const char* call) {
   if (e != cudaSuccess) throw CudaError("device", fmt::format("{} failed: {}", call, cudaGetErrorString(e)));
 }
+
+// Makes `device` current for the scope's lifetime and restores the caller's device after.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    check(cudaGetDevice(&previous_), "cudaGetDevice");
+    if (device != previous_) check(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceScope() { cudaSetDevice(previous_); }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+};
+
+int device_of(const void* device_ptr) {
+  cudaPointerAttributes a{};
+  check(cudaPointerGetAttributes(&a, device_ptr), "cudaPointerGetAttributes");
+  if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+    throw InvalidArgument("device", "the device-side pointer must point to CUDA device memory");
+  return a.device;
+}
+
+// cudaMemcpy and cudaMemset order themselves after the legacy default stream only, not after streams created with
+// cudaStreamNonBlocking (as engines' and moekit's own are), and a copy from pageable host memory may return before
+// its bytes have reached the device. The helpers below wait for every stream of the device before and after, so
+// that they are synchronous with respect to all of the caller's work.
+template <class Op>
+void on_quiet_device(int device, const char* what, Op op) {
+  DeviceScope scope(device);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  check(op(), what);
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
 }  // namespace
 
 DeviceBuffer::DeviceBuffer(size_t bytes, int device) : bytes_(bytes), device_(device) {
@@ -85,22 +120,35 @@ void DeviceBuffer::upload(const void* host, size_t bytes) {
   if (bytes > bytes_)
     throw InvalidArgument("device",
                           fmt::format("upload of {} bytes must be <= the buffer's {} bytes", bytes, bytes_));
-  check(cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy(host to device)");
+  if (bytes == 0) return;
+  on_quiet_device(device_, "cudaMemcpy(host to device)",
+                  [&] { return cudaMemcpy(data_, host, bytes, cudaMemcpyHostToDevice); });
 }
 
 void DeviceBuffer::download(void* host, size_t bytes) const {
   if (bytes > bytes_)
     throw InvalidArgument("device",
                           fmt::format("download of {} bytes must be <= the buffer's {} bytes", bytes, bytes_));
-  check(cudaMemcpy(host, data_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy(device to host)");
+  if (bytes == 0) return;
+  on_quiet_device(device_, "cudaMemcpy(device to host)",
+                  [&] { return cudaMemcpy(host, data_, bytes, cudaMemcpyDeviceToHost); });
 }
 
 void copy_to_host(void* host_dst, const void* device_src, size_t bytes) {
-  check(cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy(device to host)");
+  if (bytes == 0) return;
+  on_quiet_device(device_of(device_src), "cudaMemcpy(device to host)",
+                  [&] { return cudaMemcpy(host_dst, device_src, bytes, cudaMemcpyDeviceToHost); });
 }
 
 void copy_to_device(void* device_dst, const void* host_src, size_t bytes) {
-  check(cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy(host to device)");
+  if (bytes == 0) return;
+  on_quiet_device(device_of(device_dst), "cudaMemcpy(host to device)",
+                  [&] { return cudaMemcpy(device_dst, host_src, bytes, cudaMemcpyHostToDevice); });
+}
+
+void fill_device_bytes(void* device_dst, unsigned char value, size_t bytes) {
+  if (bytes == 0) return;
+  on_quiet_device(device_of(device_dst), "cudaMemset", [&] { return cudaMemset(device_dst, value, bytes); });
 }
 
 void device_synchronize(int device) {
@@ -122,6 +170,9 @@ void copy_to_host(void*, const void*, size_t) {
   throw NotSupported("device", "device memory needs CUDA: moekit was built without CUDA");
 }
 void copy_to_device(void*, const void*, size_t) {
+  throw NotSupported("device", "device memory needs CUDA: moekit was built without CUDA");
+}
+void fill_device_bytes(void*, unsigned char, size_t) {
   throw NotSupported("device", "device memory needs CUDA: moekit was built without CUDA");
 }
 void device_synchronize(int) {

@@ -133,7 +133,10 @@ void* allocate_storage(Device device, int64_t bytes) {
   CurrentDeviceScope scope(device.index);
   void* p = nullptr;
   CurrentDeviceScope::check(cudaMalloc(&p, static_cast<size_t>(bytes)), fmt::format("cudaMalloc({} bytes)", bytes));
+  // The zeros (the router's workspace starts from them) must be in place before route() runs on any stream: the
+  // memset goes to the default stream, which streams created with cudaStreamNonBlocking do not wait for.
   cudaError_t err = cudaMemset(p, 0, static_cast<size_t>(bytes));
+  if (err == cudaSuccess) err = cudaStreamSynchronize(nullptr);
   if (err != cudaSuccess) {
     cudaFree(p);
     CurrentDeviceScope::check(err, "cudaMemset");

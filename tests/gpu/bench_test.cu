@@ -86,8 +86,8 @@ TEST(GpuBenchKernels, AddToRowsAddsTheVectorToEveryRow) {
     float *dm = nullptr, *dv = nullptr;
     ck(cudaMalloc(&dm, (m.size() + 1) * 4));
     ck(cudaMalloc(&dv, v.size() * 4));
-    ck(cudaMemcpy(dm, m.data(), m.size() * 4, cudaMemcpyHostToDevice));
-    ck(cudaMemcpy(dv, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    copy_to_device(dm, m.data(), m.size() * 4);
+    copy_to_device(dv, v.data(), v.size() * 4);
     bench_detail::add_to_rows(dm, rows, cols, dv, nullptr);
     ck(cudaDeviceSynchronize());
     std::vector<float> got(m.size());

@@ -39,7 +39,7 @@ uint32_t test_seed() {
 
 template <class T>
 void upload(DeviceBuffer& d, const std::vector<T>& h) {
-  ASSERT_EQ(cudaMemcpy(d.data(), h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  copy_to_device(d.data(), h.data(), h.size() * sizeof(T));
 }
 
 std::vector<uint16_t> random_bf16(std::mt19937& rng, int64_t n, float scale) {
@@ -162,7 +162,7 @@ struct DeviceWeights {
     auto put = [&](DeviceBuffer& d, const TensorView& h, TensorView& out, int offset) {
       if (!h.present()) return;
       void* at = static_cast<char*>(d.data()) + offset;
-      cudaMemcpy(at, h.data, h.numel() * dtype_size(h.dtype), cudaMemcpyHostToDevice);
+      copy_to_device(at, h.data, h.numel() * dtype_size(h.dtype));
       out = h;
       out.data = at;
       out.device = dev;
@@ -191,7 +191,7 @@ void check_case(const Case& c, uint32_t salt) {
   copy_plan(prob.plan, dplan);
   DeviceBuffer dh(t * h * 2), dout(t * h * 2);
   upload(dh, prob.hidden);
-  MOEKIT_CUDA_OK(cudaMemset(dout.data(), 0xff, t * h * 2));  // NaN poison: every element must be written
+  fill_device_bytes(dout.data(), 0xff, t * h * 2);  // NaN poison: every element must be written
 
   CudaExperts layer({c.cfg, dw.view, std::max<int64_t>(t, 1), c.block, dev});
   layer.run(dplan, TensorView::contiguous(dh.data(), DType::bf16, {t, h}, dev),
@@ -203,7 +203,7 @@ void check_case(const Case& c, uint32_t salt) {
   EXPECT_LE(err, 1e-2) << "relative Frobenius error " << err;
 
   // Deterministic: a second run gives the same bits.
-  MOEKIT_CUDA_OK(cudaMemset(dout.data(), 0xff, t * h * 2));
+  fill_device_bytes(dout.data(), 0xff, t * h * 2);
   layer.run(dplan, TensorView::contiguous(dh.data(), DType::bf16, {t, h}, dev),
             TensorView::contiguous(dout.data(), DType::bf16, {t, h}, dev), nullptr, c.tactic);
   MOEKIT_CUDA_OK(cudaDeviceSynchronize());
@@ -553,7 +553,7 @@ TEST(CudaExperts, GraphCaptureReplaysNewData) {
       next.host_weights = first.host_weights;
       copy_plan(next.plan, dplan);
       upload(dh, next.hidden);
-      MOEKIT_CUDA_OK(cudaMemset(dout.data(), 0xff, t * h * 2));
+      fill_device_bytes(dout.data(), 0xff, t * h * 2);
       MOEKIT_CUDA_OK(cudaGraphLaunch(exec, stream));
       MOEKIT_CUDA_OK(cudaStreamSynchronize(stream));
       std::vector<uint16_t> got(t * h), want(t * h);

@@ -110,14 +110,16 @@ PlanHost read_plan(const RoutePlanView& v, int64_t tokens, bool on_device) {
 void poison_plan(const RoutePlanView& v) {
   const PlanShape& s = v.shape;
   const int64_t n = s.max_tokens * s.slots(), cap = s.capacity();
-  ck(cudaMemset(v.topk_ids, 0xa5, n * 4), "poison");
-  ck(cudaMemset(v.topk_weights, 0xff, n * 4), "poison");  // NaN
-  ck(cudaMemset(v.expert_counts, 0xa5, s.groups() * 4), "poison");
-  ck(cudaMemset(v.expert_offsets, 0xa5, (s.groups() + 1) * 4), "poison");
-  ck(cudaMemset(v.sorted_slots, 0xa5, cap * 4), "poison");
-  ck(cudaMemset(v.slot_rows, 0xa5, n * 4), "poison");
-  ck(cudaMemset(v.block_experts, 0xa5, cap / s.block * 4), "poison");
-  ck(cudaMemset(v.extent, 0xa5, 8), "poison");
+  // fill_device_bytes waits for every stream before and after: a plain cudaMemset is not ordered before a route()
+  // on a non-blocking stream, and could land after it.
+  fill_device_bytes(v.topk_ids, 0xa5, n * 4);
+  fill_device_bytes(v.topk_weights, 0xff, n * 4);  // NaN
+  fill_device_bytes(v.expert_counts, 0xa5, s.groups() * 4);
+  fill_device_bytes(v.expert_offsets, 0xa5, (s.groups() + 1) * 4);
+  fill_device_bytes(v.sorted_slots, 0xa5, cap * 4);
+  fill_device_bytes(v.slot_rows, 0xa5, n * 4);
+  fill_device_bytes(v.block_experts, 0xa5, cap / s.block * 4);
+  fill_device_bytes(v.extent, 0xa5, 8);
 }
 
 template <class T>
@@ -326,22 +328,20 @@ bool check_case(const Case& c, uint64_t seed, detail::RoutePairs pairs = detail:
   // GPU.
   const size_t esz = c.dtype == DType::bf16 ? 2 : 4;
   DeviceBuffer d_logits(static_cast<size_t>(T * in.stride) * esz + 16);
-  ck(cudaMemcpy(d_logits.data(),
-                c.dtype == DType::bf16 ? static_cast<const void*>(in.logits16.data()) : in.logits.data(),
-                static_cast<size_t>(T * in.stride) * esz, cudaMemcpyHostToDevice),
-     "copy logits");
+  copy_to_device(d_logits.data(),
+                 c.dtype == DType::bf16 ? static_cast<const void*>(in.logits16.data()) : in.logits.data(),
+                 static_cast<size_t>(T * in.stride) * esz);
   DeviceBuffer d_bias(static_cast<size_t>(c.cfg.num_experts) * 4);
   TensorView dev_bias;
   if (c.bias) {
     const bool b16 = c.bias_dtype == DType::bf16;
-    ck(cudaMemcpy(d_bias.data(), b16 ? static_cast<const void*>(hb16.data()) : hb.data(),
-                  c.cfg.num_experts * (b16 ? 2 : 4), cudaMemcpyHostToDevice),
-       "copy bias");
+    copy_to_device(d_bias.data(), b16 ? static_cast<const void*>(hb16.data()) : hb.data(),
+                   c.cfg.num_experts * (b16 ? 2 : 4));
     dev_bias = TensorView::contiguous(d_bias.data(), c.bias_dtype, {c.cfg.num_experts}, Device::cuda());
   }
   DeviceBuffer d_replay(static_cast<size_t>(R * K) * 2);
   std::vector<int16_t> replay_poison(static_cast<size_t>(R * K), int16_t{0x7777});
-  ck(cudaMemcpy(d_replay.data(), replay_poison.data(), R * K * 2, cudaMemcpyHostToDevice), "copy replay");
+  copy_to_device(d_replay.data(), replay_poison.data(), R * K * 2);
   TensorView dev_replay;
   if (c.replay) dev_replay = TensorView::contiguous(d_replay.data(), DType::i16, {R, K}, Device::cuda());
 
@@ -754,7 +754,7 @@ TEST_F(GpuRoute, ReusedPlanAcrossGrids) {
   DeviceBuffer d_logits(max_t * 128 * 4);
   const uint32_t near_wrap = 0xfffffe00u;  // even: parity 0, whose totals buffer is zero
   for (int word : {detail::kRouteEpochWord, detail::kRouteArrivalsWord})
-    ck(cudaMemcpy(plan.view().workspace + word, &near_wrap, 4, cudaMemcpyHostToDevice), "barrier words");
+    copy_to_device(plan.view().workspace + word, &near_wrap, 4);
   int call = 0;
   for (int64_t T : {int64_t{4000}, int64_t{20}, int64_t{700}, int64_t{4000}, int64_t{100}, int64_t{1}, int64_t{0},
                     int64_t{2500}}) {
@@ -762,7 +762,7 @@ TEST_F(GpuRoute, ReusedPlanAcrossGrids) {
     SCOPED_TRACE("call " + std::to_string(call) + " T " + std::to_string(T) + " seed " + std::to_string(s));
     Case c{"reuse", cfg, T, 8};
     const Inputs in = make_inputs(c, s);
-    if (T > 0) ck(cudaMemcpy(d_logits.data(), in.logits.data(), T * 128 * 4, cudaMemcpyHostToDevice), "logits");
+    if (T > 0) copy_to_device(d_logits.data(), in.logits.data(), T * 128 * 4);
     poison_plan(plan.view());
     route(cfg, logits_view(d_logits.data(), c, T, 128, Device::cuda()), {}, plan);
     ck(cudaDeviceSynchronize(), "route");
@@ -809,8 +809,8 @@ void graph_replay_with_new_logits() {
       SCOPED_TRACE("T " + std::to_string(T) + " replay " + std::to_string(rep) + " seed " + std::to_string(s));
       Case ci = c;
       const Inputs in = make_inputs(ci, s);
-      ck(cudaMemcpy(d_logits.data(), in.logits.data(), T * 256 * 4, cudaMemcpyHostToDevice), "logits");
-      ck(cudaMemcpy(d_bias.data(), in.bias.data(), 256 * 4, cudaMemcpyHostToDevice), "bias");
+      copy_to_device(d_logits.data(), in.logits.data(), T * 256 * 4);
+      copy_to_device(d_bias.data(), in.bias.data(), 256 * 4);
       poison_plan(plan.view());
       ck(cudaGraphLaunch(exec, stream), "graph launch");
       ck(cudaStreamSynchronize(stream), "graph sync");
@@ -855,7 +855,7 @@ __global__ void count_sigmoid_differences(uint32_t first, uint64_t n, unsigned l
 
 TEST_F(GpuRoute, FastSigmoidMatchesExactForEveryFloatAboveMinus69) {
   DeviceBuffer d_bad(8);
-  ck(cudaMemset(d_bad.data(), 0, 8), "memset");
+  fill_device_bytes(d_bad.data(), 0, 8);
   auto* bad = static_cast<unsigned long long*>(d_bad.data());
   uint32_t minus69;
   const float m69 = -69.0f;
