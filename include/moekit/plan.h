@@ -66,8 +66,9 @@ struct RoutePlanView {
 /// must be ordered by the caller: they share its arrays and the router's grid-barrier workspace.
 class RoutePlan {
  public:
-  /// Allocates for `shape` on `device`. Throws InvalidArgument for a bad shape, NotSupported for a CUDA device in
-  /// a build without CUDA, CudaError when allocation fails.
+  /// Allocates for `shape` on `device` and zeroes the buffers; on a GPU it returns once the zeros are in place, so
+  /// that the first route() may run on any stream, non-blocking ones included. Throws InvalidArgument for a bad
+  /// shape, NotSupported for a CUDA device in a build without CUDA, CudaError when allocation fails.
   RoutePlan(const PlanShape& shape, Device device);
   ~RoutePlan();
   RoutePlan(RoutePlan&&) noexcept;
