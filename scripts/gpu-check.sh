@@ -75,6 +75,8 @@ if want tests; then
   # consumer project, run in CI.
   step cpu_tests_with_gpu ctest --test-dir "$build" -j"$(nproc)" --output-on-failure \
     -E '^(Gpu|CudaExperts|SassCheck|Package)'
+  # The router verified by 16 processes at once, 4 rounds: stream-ordering mistakes show under contention.
+  step concurrent_verify bash scripts/concurrent-verify.sh "$moekit" "$out/concurrent" 16 4
   # The machine code this toolchain built: sm_90a, no local memory, HGMMA in every CUTLASS GEMM.
   step sass_check ctest --test-dir "$build" -R '^SassCheck$' --output-on-failure
 fi
