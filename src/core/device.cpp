@@ -10,6 +10,8 @@
 
 #if MOEKIT_HAS_CUDA
 #include <cuda_runtime_api.h>
+
+#include "core/device_scope.h"
 #endif
 
 namespace moekit {
@@ -71,21 +73,6 @@ void check(cudaError_t e, const char* call) {
   if (e != cudaSuccess) throw CudaError("device", fmt::format("{} failed: {}", call, cudaGetErrorString(e)));
 }
 
-// Makes `device` current for the scope's lifetime and restores the caller's device after.
-class DeviceScope {
- public:
-  explicit DeviceScope(int device) {
-    check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (device != previous_) check(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceScope() { cudaSetDevice(previous_); }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = 0;
-};
-
 int device_of(const void* device_ptr) {
   cudaPointerAttributes a{};
   check(cudaPointerGetAttributes(&a, device_ptr), "cudaPointerGetAttributes");
@@ -100,7 +87,7 @@ int device_of(const void* device_ptr) {
 // that they are synchronous with respect to all of the caller's work.
 template <class Op>
 void on_quiet_device(int device, const char* what, Op op) {
-  DeviceScope scope(device);
+  detail::CurrentDeviceScope scope(device, "device");
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   check(op(), what);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");

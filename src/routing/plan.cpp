@@ -19,6 +19,7 @@
 #if MOEKIT_HAS_CUDA
 #include <cuda_runtime_api.h>
 
+#include "core/device_scope.h"
 #include "routing/cuda/route_cuda.h"
 #endif
 
@@ -98,31 +99,6 @@ Layout layout(const BufferSizes& n) {
   return l;
 }
 
-#if MOEKIT_HAS_CUDA
-// Makes `index` the current device for a scope and restores the caller's device afterwards, so allocating a plan
-// never changes which device the caller's later CUDA calls go to.
-class CurrentDeviceScope {
- public:
-  explicit CurrentDeviceScope(int index) {
-    check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != index) check(cudaSetDevice(index), fmt::format("cudaSetDevice({})", index));
-  }
-  ~CurrentDeviceScope() { cudaSetDevice(previous_); }  // best effort: a destructor must not throw
-  CurrentDeviceScope(const CurrentDeviceScope&) = delete;
-  CurrentDeviceScope& operator=(const CurrentDeviceScope&) = delete;
-
-  static void check(cudaError_t err, std::string_view call) {
-    if (err != cudaSuccess) {
-      cudaGetLastError();  // clear the error so it does not surface in an unrelated later call
-      throw CudaError("plan", fmt::format("{} failed: {}", call, cudaGetErrorString(err)));
-    }
-  }
-
- private:
-  int previous_ = 0;
-};
-#endif
-
 void* allocate_storage(Device device, int64_t bytes) {
   if (device.is_cpu()) {
     void* p = ::operator new (static_cast<size_t>(bytes), std::align_val_t{kBufferAlign});
@@ -130,16 +106,16 @@ void* allocate_storage(Device device, int64_t bytes) {
     return p;
   }
 #if MOEKIT_HAS_CUDA
-  CurrentDeviceScope scope(device.index);
+  detail::CurrentDeviceScope scope(device.index, "plan");
   void* p = nullptr;
-  CurrentDeviceScope::check(cudaMalloc(&p, static_cast<size_t>(bytes)), fmt::format("cudaMalloc({} bytes)", bytes));
+  detail::check_cuda(cudaMalloc(&p, static_cast<size_t>(bytes)), "plan", fmt::format("cudaMalloc({} bytes)", bytes));
   // The zeros (the router's workspace starts from them) must be in place before route() runs on any stream: the
   // memset goes to the default stream, which streams created with cudaStreamNonBlocking do not wait for.
   cudaError_t err = cudaMemset(p, 0, static_cast<size_t>(bytes));
   if (err == cudaSuccess) err = cudaStreamSynchronize(nullptr);
   if (err != cudaSuccess) {
     cudaFree(p);
-    CurrentDeviceScope::check(err, "cudaMemset");
+    detail::check_cuda(err, "plan", "cudaMemset");
   }
   return p;
 #else

@@ -13,6 +13,7 @@
 #include <climits>
 #include <string>
 
+#include "core/device_scope.h"
 #include "core/in_place.h"
 #include "experts/cuda/experts_kernels.h"
 #include "moekit/device.h"
@@ -210,10 +211,7 @@ int64_t round_up(int64_t x, int64_t m) {
 }
 
 void cuda_check(cudaError_t err, std::string_view call) {
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    throw CudaError("experts", fmt::format("{} failed: {}", call, cudaGetErrorString(err)));
-  }
+  detail::check_cuda(err, "experts", call);
 }
 
 void check_aligned(const TensorView& t, std::string_view name) {
@@ -336,12 +334,10 @@ CudaExperts::CudaExperts(const CudaExpertsArgs& a) : impl_(std::make_unique<Impl
   const int64_t o_ws = take(static_cast<int64_t>(gemm_ws));
   m.bytes = at;
 
-  int previous = 0;
-  cuda_check(cudaGetDevice(&previous), "cudaGetDevice");
-  cuda_check(cudaSetDevice(a.device.index), "cudaSetDevice");
-  const cudaError_t err = cudaMalloc(&m.storage, static_cast<size_t>(m.bytes));
-  cudaSetDevice(previous);
-  cuda_check(err, fmt::format("cudaMalloc({} bytes)", m.bytes));
+  {
+    detail::CurrentDeviceScope scope(a.device.index, "experts");
+    cuda_check(cudaMalloc(&m.storage, static_cast<size_t>(m.bytes)), fmt::format("cudaMalloc({} bytes)", m.bytes));
+  }
 
   char* base = static_cast<char*>(m.storage);
   m.a1y = base + o_a1y;
