@@ -746,18 +746,22 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"qwen3-30b-a3b", 3584, large, nullptr, interleaved},  // 224 rows
       {"qwen3-30b-a3b", 3584, small},                        // 224 rows, gate-first
       {"deepseek-v3", 7168, small},                          // 224 rows of large experts
-      // Experts below kLargeExpert at 70-90 routed rows: swapped 96x256 tiles, one row tile per expert.
-      {"qwen3-next-80b", 3532, small},   // 69 rows
-      {"qwen3-next-80b", 3533, swap96},  // 70 rows
-      {"qwen3-next-80b", 4096, swap96},  // 80 rows
-      {"qwen3-next-80b", 4608, swap96},  // 90 rows
-      {"qwen3-next-80b", 4609, small},   // 91 rows
-      {"qwen3-30b-a3b", 1280, swap96},   // 80 rows
-      {"gpt-oss-120b", 2560, swap96},    // 80 rows
-      {"deepseek-v3", 2560, small},      // 80 rows of large experts
-      {"mixtral-8x7b", 320, large},      // 80 rows of a few large experts
-      {"gpt-oss-120b", 4096, small},     // 128 rows
-      {"gpt-oss-120b", 16384, large},    // 512 rows
+      // Experts of kMidExpert to kLargeExpert at 70-90 routed rows: swapped 96x256 tiles, one row tile per expert;
+      // smaller experts keep 64x256.
+      {"gpt-oss-120b", 2208, small},                          // 69 rows
+      {"gpt-oss-120b", 2209, swap96},                         // 70 rows
+      {"gpt-oss-120b", 2560, swap96},                         // 80 rows
+      {"gpt-oss-120b", 2880, swap96},                         // 90 rows
+      {"gpt-oss-120b", 2881, small},                          // 91 rows
+      {"qwen3-next-80b", 3533, small},                        // 70 rows
+      {"qwen3-next-80b", 4096, small},                        // 80 rows
+      {"qwen3-next-80b", 4608, small},                        // 90 rows
+      {"qwen3-next-80b", 4096, small, nullptr, interleaved},  // 80 rows
+      {"qwen3-30b-a3b", 1280, small},                         // 80 rows
+      {"deepseek-v3", 2560, small},                           // 80 rows of large experts
+      {"mixtral-8x7b", 320, large},                           // 80 rows of a few large experts
+      {"gpt-oss-120b", 4096, small},                          // 128 rows
+      {"gpt-oss-120b", 16384, large},                         // 512 rows
   };
   const std::span<const GemmTacticInfo> tactics = cuda_expert_gemm_tactics();
   for (const Pick& p : picks) {

@@ -102,41 +102,45 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kHalvesOps{
 // 256 0.983 / 0.989, qwen3-next T = 64 / 256 0.990 / 0.993, deepseek-v3 T = 8 / 16 / 64 0.971 / 0.983 / 0.998 but T =
 // 256 / 512 1.003 / 1.014; at 32 rows, gpt-oss T = 1024, 1.13); 64x256 pingpong tiles below 256 rows (mixtral T =
 // 16-64: 1.03-1.06x over 64x128; qwen3-next T = 1024-4096: 1.04-1.10x, qwen3 and gpt-oss T = 4096: 1.02x, deepseek-v3
-// at 64-128 rows with every expert routed: 1.03-1.04x over 128x256), except from 70 to 90 rows on experts smaller
-// than kLargeExpert, where swapped 96x256 tiles hold an expert's rows in one row tile instead of two ("Twenty-seventh
-// session", experts graph time against 64x256, same call: qwen3-next T = 3584 / 4096 / 4608 (70 / 80 / 90 rows) 0.989
-// / 0.967 / 0.984, qwen3 T = 1280 (80) 0.965, gpt-oss T = 2560 (80) 0.943; outside the band qwen3-next 60 / 100
-// rows 1.028 / 1.075, qwen3 and gpt-oss 64 / 96 rows 0.993-1.011 / 1.036-1.067, and deepseek-v3's large experts
-// 1.004-1.015 at 64-80 rows; inside the band GEMM2 on 64x256 / 128x256 instead ran 1.002-1.029 / 1.009-1.014x,
-// "Twenty-ninth session"). That band wins only on near-uniform routing: with skew, 64x256 for both ran, against it,
-// qwen3-next T = 4096 0.945 / 0.929 (S = 0.25 / 0.5), qwen3 T = 1280 0.983 / 0.937 and gpt-oss T = 2560 0.977 /
-// 0.998, and 1.020 on qwen3-next with uniform routing in the same call ("Thirty-fourth session"). It is kept for the
-// uniform routing the benchmarks use; an engine whose routing is skewed tunes on its own logits (TuneOptions::logits,
-// moekit tune --logits). On a few large experts swapped 96x256 tiles take 56-64 rows: there the hottest of
-// mixtral's 8 experts outgrows one 64-row tile (each extra row tile streams the expert's weights again), while one
-// 96-row tile holds it with half the mean to spare for skewed routing ("Twenty-eighth session", same call, against
-// the 64x256 / 128x256 defaults: mixtral T = 224 / 240 / 256 0.917 / 0.932 / 0.957-0.973; at 44-52 rows
-// 1.010-1.016). Above 64 rows the 128-row tiles stay: with uniform routing the 96-row tiles still ran 0.945-0.969 at
-// 68-84 rows, but 1.105-1.124 at 88-92 rows, where the hottest expert needs a second 96-row tile, and a skewed
-// router reaches that sooner. Measured with skew (bench moe --logit-skew S): with the hottest expert at 67-88 rows
-// (S = 0.25 / 0.5) the band's T = 224 / 240 / 256 ran 0.927-0.961 of the old tiles' time, with it at 98-115 rows
-// (S = 1, 1.75-1.8x the mean) 1.052-1.123. Likewise at 224-288 rows, where three 96-row tiles hold an expert that
-// needs three 128-row tiles above 256 rows: swapped 96x256 for both GEMMs ran 0.934 / 0.987 of 128x256 / 64x256 at
-// mixtral T = 1024 / 1152 with uniform routing, but 1.037 at T = 1024 with S = 0.5 (hottest expert 361 rows) and
-// 1.111 at T = 896 ("Thirty-third session"); not taken. Where w13 takes the halves form (gate-first / up-first, I a
-// multiple of kHalvesRows), experts smaller than kLargeExpert keep GEMM1 on the fused 64x256 tile up to 640 rows,
-// GEMM2 on 128x256: against 128x256 for both (GEMM1 + the activation pass), paired runs ("Thirty-seventh session"),
-// qwen3 at 384 / 512 / 640 rows 0.958 / 0.957 / 0.983 but 1024 / 1280 rows 1.018 / 1.019 (768 / 896 rows 1.001 /
-// 1.003), qwen3-next at 320 / 400 rows 0.964 / 0.972; with interleaved w13 the 128x256 tile has a fused epilogue of
-// its own and wins (gpt-oss at 320 rows: 64x256 1.055), and so do deepseek-v3's large experts (512 rows: 1.026).
-// In that band GEMM2 stays on 64x256 up to 440 rows ("Thirty-eighth session", paired, against 128x256: qwen3-next
-// at 320 / 400 / 440 / 480 rows 0.988 / 0.988 / 0.998 / 1.009, qwen3 at 384 / 512 / 640 rows 0.999 / 0.994 / 1.018).
-// Interleaved w13 on experts below kLargeExpert takes the cooperative 128x256 pair (its GEMM1 fused) at 200-240 rows,
-// where four 64-row tiles and two 128-row tiles hold most experts' rows alike (same session, against 64x256 for
-// both: gpt-oss at 200 / 208 / 224 / 240 / 256 rows 0.978 / 0.966 / 0.989 / 0.974 / 0.963, qwen3 with w13
-// interleaved at 224 / 240 rows 0.986 / 1.008, qwen3-next at 220 / 240 rows 0.985 / 0.980; at 192 rows gpt-oss
-// 1.040), and experts of at least kMidExpert up to 256 rows (gpt-oss at 256 rows 0.963; qwen3 with w13 interleaved
-// there 1.045: how much padding the 128-row tile's fewer bytes per FLOP outweigh depends on the shape).
+// at 64-128 rows with every expert routed: 1.03-1.04x over 128x256), except from 70 to 90 rows on experts of
+// kMidExpert to kLargeExpert, where swapped 96x256 tiles hold an expert's rows in one row tile instead of two
+// ("Twenty-seventh session", experts graph time against 64x256, same call: qwen3-next T = 3584 / 4096 / 4608 (70 / 80
+// / 90 rows) 0.989 / 0.967 / 0.984, qwen3 T = 1280 (80) 0.965, gpt-oss T = 2560 (80) 0.943; outside the band
+// qwen3-next 60 / 100 rows 1.028 / 1.075, qwen3 and gpt-oss 64 / 96 rows 0.993-1.011 / 1.036-1.067, and deepseek-v3's
+// large experts 1.004-1.015 at 64-80 rows; inside the band GEMM2 on 64x256 / 128x256 instead ran 1.002-1.029
+// / 1.009-1.014x, "Twenty-ninth session"). That band wins only on near-uniform routing: with skew, 64x256 for both
+// ran, against it, qwen3-next T = 4096 0.945 / 0.929 (S = 0.25 / 0.5), qwen3 T = 1280 0.983 / 0.937 and gpt-oss T =
+// 2560 0.977 / 0.998, and 1.020 on qwen3-next with uniform routing in the same call ("Thirty-fourth session"). It is
+// kept for the uniform routing the benchmarks use; an engine whose routing is skewed tunes on its own logits
+// (TuneOptions::logits, moekit tune --logits). Since gate-first / up-first w13 got its fused 64x256 GEMM1
+// (kHalvesOps), the band lost on the smaller experts ("Forty-ninth session", paired, 64x256 for both against it:
+// qwen3-next T = 3584 / 4096 / 4608 0.980 / 0.997 / 0.972, qwen3 T = 1280 0.992, qwen3-next with w13 interleaved T =
+// 4096 0.991), but not on gpt-oss (T = 2560: 1.019); so it serves experts of at least kMidExpert. On an H100 it lost
+// on all three presets (0.957-0.978; the rules are fitted to the H200). On a few large experts swapped 96x256 tiles
+// take 56-64 rows: there the hottest of mixtral's 8 experts outgrows one 64-row tile (each extra row tile streams the
+// expert's weights again), while one 96-row tile holds it with half the mean to spare for skewed routing
+// ("Twenty-eighth session", same call, against the 64x256 / 128x256 defaults: mixtral T = 224 / 240 / 256 0.917 /
+// 0.932 / 0.957-0.973; at 44-52 rows 1.010-1.016). Above 64 rows the 128-row tiles stay: with uniform routing the
+// 96-row tiles still ran 0.945-0.969 at 68-84 rows, but 1.105-1.124 at 88-92 rows, where the hottest expert needs a
+// second 96-row tile, and a skewed router reaches that sooner. Measured with skew (bench moe --logit-skew S): with
+// the hottest expert at 67-88 rows (S = 0.25 / 0.5) the band's T = 224 / 240 / 256 ran 0.927-0.961 of the old tiles'
+// time, with it at 98-115 rows (S = 1, 1.75-1.8x the mean) 1.052-1.123. Likewise at 224-288 rows, where three 96-row
+// tiles hold an expert that needs three 128-row tiles above 256 rows: swapped 96x256 for both GEMMs ran 0.934 / 0.987
+// of 128x256 / 64x256 at mixtral T = 1024 / 1152 with uniform routing, but 1.037 at T = 1024 with S = 0.5 (hottest
+// expert 361 rows) and 1.111 at T = 896 ("Thirty-third session"); not taken. Where w13 takes the halves form
+// (gate-first / up-first, I a multiple of kHalvesRows), experts smaller than kLargeExpert keep GEMM1 on the fused
+// 64x256 tile up to 640 rows, GEMM2 on 128x256: against 128x256 for both (GEMM1 + the activation pass), paired runs
+// ("Thirty-seventh session"), qwen3 at 384 / 512 / 640 rows 0.958 / 0.957 / 0.983 but 1024 / 1280 rows 1.018 / 1.019
+// (768 / 896 rows 1.001 / 1.003), qwen3-next at 320 / 400 rows 0.964 / 0.972; with interleaved w13 the 128x256 tile
+// has a fused epilogue of its own and wins (gpt-oss at 320 rows: 64x256 1.055), and so do deepseek-v3's large experts
+// (512 rows: 1.026). In that band GEMM2 stays on 64x256 up to 440 rows ("Thirty-eighth session", paired, against
+// 128x256: qwen3-next at 320 / 400 / 440 / 480 rows 0.988 / 0.988 / 0.998 / 1.009, qwen3 at 384 / 512 / 640 rows
+// 0.999 / 0.994 / 1.018). Interleaved w13 on experts below kLargeExpert takes the cooperative 128x256 pair (its GEMM1
+// fused) at 200-240 rows, where four 64-row tiles and two 128-row tiles hold most experts' rows alike (same session,
+// against 64x256 for both: gpt-oss at 200 / 208 / 224 / 240 / 256 rows 0.978 / 0.966 / 0.989 / 0.974 / 0.963, qwen3
+// with w13 interleaved at 224 / 240 rows 0.986 / 1.008, qwen3-next at 220 / 240 rows 0.985 / 0.980; at 192 rows
+// gpt-oss 1.040), and experts of at least kMidExpert up to 256 rows (gpt-oss at 256 rows 0.963; qwen3 with w13
+// interleaved there 1.045: how much padding the 128-row tile's fewer bytes per FLOP outweigh depends on the shape).
 constexpr int64_t kAny = INT64_MAX;
 // Which w13 arrangements a rule serves: any, the halves form (takes_halves_form()) or interleaved.
 enum class W13Form { any, halves, interleaved };
@@ -148,7 +152,8 @@ struct HeuristicRule {
   int gemm1, gemm2;
 };
 constexpr int64_t kLargeExpert = int64_t{24} << 20;  // 2I x H elements
-// 2I x H elements, between qwen3's 3.1M and gpt-oss's 16.6M: the interleaved band's 241-256 rows win on gpt-oss only.
+// 2I x H elements, between qwen3's 3.1M and gpt-oss's 16.6M: the interleaved band's 241-256 rows and the swapped
+// 96x256 band at 70-90 rows win on gpt-oss only.
 constexpr int64_t kMidExpert = int64_t{8} << 20;
 // A band of rows per expert for at most 64 experts of at least kLargeExpert weights each.
 constexpr HeuristicRule few_large(int64_t min_rows, int64_t max_rows, int gemm1, int gemm2) {
@@ -168,7 +173,12 @@ constexpr std::array<HeuristicRule, 15> kHeuristic{{
     few_large(65, 111, 3, 3),
     few_large(112, 3071, 4, 4),
     few_large(3072, kAny, 3, 3),
-    {.min_rows = 70, .max_rows = 90, .max_weights = kLargeExpert - 1, .gemm1 = 6, .gemm2 = 6},
+    {.min_rows = 70,
+     .max_rows = 90,
+     .min_weights = kMidExpert,
+     .max_weights = kLargeExpert - 1,
+     .gemm1 = 6,
+     .gemm2 = 6},
     {.min_rows = 200,
      .max_rows = 240,
      .max_weights = kLargeExpert - 1,
