@@ -70,7 +70,7 @@ bool device_is_sm90(int index) {
 #if MOEKIT_HAS_CUDA
 namespace {
 void check(cudaError_t e, const char* call) {
-  if (e != cudaSuccess) throw CudaError("device", fmt::format("{} failed: {}", call, cudaGetErrorString(e)));
+  detail::check_cuda(e, "device", call);
 }
 
 int device_of(const void* device_ptr) {
@@ -95,7 +95,7 @@ void on_quiet_device(int device, const char* what, Op op) {
 }  // namespace
 
 DeviceBuffer::DeviceBuffer(size_t bytes, int device) : bytes_(bytes), device_(device) {
-  check(cudaSetDevice(device), "cudaSetDevice");
+  detail::CurrentDeviceScope scope(device, "device");
   if (bytes > 0) check(cudaMalloc(&data_, bytes), "cudaMalloc");
 }
 
@@ -139,7 +139,7 @@ void fill_device_bytes(void* device_dst, unsigned char value, size_t bytes) {
 }
 
 void device_synchronize(int device) {
-  check(cudaSetDevice(device), "cudaSetDevice");
+  detail::CurrentDeviceScope scope(device, "device");
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
 }
 #else

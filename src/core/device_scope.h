@@ -21,17 +21,24 @@ inline void check_cuda(cudaError_t err, std::string_view op, std::string_view ca
 
 class CurrentDeviceScope {
  public:
-  /// Makes `index` current; a failure throws CudaError for `op`.
+  /// Makes `index` current; a failure throws CudaError for `op`. Costs one cudaGetDevice where `index` is current
+  /// already (the usual case on a call's path).
   CurrentDeviceScope(int index, std::string_view op) {
     check_cuda(cudaGetDevice(&previous_), op, "cudaGetDevice");
-    if (previous_ != index) check_cuda(cudaSetDevice(index), op, fmt::format("cudaSetDevice({})", index));
+    if (previous_ != index) {
+      check_cuda(cudaSetDevice(index), op, fmt::format("cudaSetDevice({})", index));
+      switched_ = true;
+    }
   }
-  ~CurrentDeviceScope() { cudaSetDevice(previous_); }  // best effort: a destructor must not throw
+  ~CurrentDeviceScope() {
+    if (switched_) cudaSetDevice(previous_);  // best effort: a destructor must not throw
+  }
   CurrentDeviceScope(const CurrentDeviceScope&) = delete;
   CurrentDeviceScope& operator=(const CurrentDeviceScope&) = delete;
 
  private:
   int previous_ = 0;
+  bool switched_ = false;
 };
 
 }  // namespace moekit::detail

@@ -20,6 +20,7 @@
 #if MOEKIT_HAS_CUDA
 #include <cuda_runtime_api.h>
 
+#include "core/device_scope.h"
 #include "parallel/ep_bookkeeping.h"
 #include "parallel/ep_kernels.h"
 #endif
@@ -32,10 +33,7 @@ namespace {
 constexpr double kTolerance = 1e-2;
 
 void ck(cudaError_t err, std::string_view call) {
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    throw CudaError("bench", fmt::format("{} failed: {}", call, cudaGetErrorString(err)));
-  }
+  detail::check_cuda(err, "bench", call);
 }
 
 // Seeds of the logical tensors.

@@ -21,6 +21,7 @@
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 
+#include "core/device_scope.h"
 #include "parallel/ep_bookkeeping.h"
 #include "parallel/ep_kernels.h"
 #include "parallel/ep_validate.h"
@@ -32,10 +33,7 @@ namespace moekit {
 namespace {
 
 void ck(cudaError_t err, std::string_view call) {
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    throw CudaError("ep", fmt::format("{} failed: {}", call, cudaGetErrorString(err)));
-  }
+  detail::check_cuda(err, "ep", call);
 }
 
 void nccl(ncclResult_t r, std::string_view call) {
@@ -104,7 +102,7 @@ EpLayer::EpLayer(const EpLayerArgs& a, const Communicator& comm) : impl_(std::ma
   m.local = rank_expert_config(a.experts, m.W, m.r);
   const Device dev = Device::cuda(m.device);
   validate_expert_weights(m.local, a.weights, dev);
-  ck(cudaSetDevice(m.device), "cudaSetDevice");
+  detail::CurrentDeviceScope scope(m.device, "ep");  // the allocations and zero fills below, on the rank's device
 
   const int E = a.experts.num_experts, K = a.experts.top_k, S = a.experts.num_shared_experts;
   const int64_t rows = m.W * a.max_tokens, H = a.experts.hidden;
@@ -164,15 +162,7 @@ void EpLayer::forward(const TensorView& hidden, const TensorView& logits, const 
     throw InvalidArgument("ep", fmt::format("logits rows ({}) must equal hidden rows ({})", logits.size(0), T));
   if (T == 0) return;
 
-  int previous = 0;
-  ck(cudaGetDevice(&previous), "cudaGetDevice");
-  if (previous != m.device) ck(cudaSetDevice(m.device), "cudaSetDevice");
-  struct Restore {
-    int previous, current;
-    ~Restore() {
-      if (previous != current) cudaSetDevice(previous);
-    }
-  } restore{previous, m.device};
+  detail::CurrentDeviceScope scope(m.device, "ep");
   if (m.args.mode == EpMode::all_gather)
     m.forward_all_gather(hidden, logits, out, stream, tactic);
   else

@@ -109,13 +109,13 @@ void* allocate_storage(Device device, int64_t bytes) {
   detail::CurrentDeviceScope scope(device.index, "plan");
   void* p = nullptr;
   detail::check_cuda(cudaMalloc(&p, static_cast<size_t>(bytes)), "plan", fmt::format("cudaMalloc({} bytes)", bytes));
-  // The zeros (the router's workspace starts from them) must be in place before route() runs on any stream: the
-  // memset goes to the default stream, which streams created with cudaStreamNonBlocking do not wait for.
-  cudaError_t err = cudaMemset(p, 0, static_cast<size_t>(bytes));
-  if (err == cudaSuccess) err = cudaStreamSynchronize(nullptr);
-  if (err != cudaSuccess) {
+  // The zeros (the router's workspace starts from them) are in place when fill_device_bytes() returns, before
+  // route() runs on any stream, non-blocking ones included.
+  try {
+    fill_device_bytes(p, 0, static_cast<size_t>(bytes));
+  } catch (...) {
     cudaFree(p);
-    detail::check_cuda(err, "plan", "cudaMemset");
+    throw;
   }
   return p;
 #else

@@ -23,6 +23,7 @@
 #if MOEKIT_HAS_CUDA
 #include <cuda_runtime_api.h>
 
+#include "core/device_scope.h"
 #include "moekit/cuda_experts.h"
 #include "moekit/plan.h"
 #include "runtime/cuda_fill.h"
@@ -65,28 +66,12 @@ Support check_cuda_bf16(const LayerSpec& spec, Device device) {
 #if MOEKIT_HAS_CUDA
 
 void cuda_check(cudaError_t err, std::string_view call) {
-  if (err != cudaSuccess) {
-    cudaGetLastError();
-    throw CudaError("layer", fmt::format("runner 'cuda_bf16': {} failed: {}", call, cudaGetErrorString(err)));
-  }
+  if (err != cudaSuccess) detail::check_cuda(err, "layer", fmt::format("runner 'cuda_bf16': {}", call));
 }
 
-// Makes `index` the current device for a scope and restores the previous one.
-class DeviceScope {
- public:
-  explicit DeviceScope(int index) {
-    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ != index) cuda_check(cudaSetDevice(index), "cudaSetDevice");
-    current_ = index;
-  }
-  ~DeviceScope() {
-    if (previous_ != current_) cudaSetDevice(previous_);
-  }
-  DeviceScope(const DeviceScope&) = delete;
-  DeviceScope& operator=(const DeviceScope&) = delete;
-
- private:
-  int previous_ = 0, current_ = 0;
+// Makes the runner's device current for a scope and restores the caller's.
+struct DeviceScope : detail::CurrentDeviceScope {
+  explicit DeviceScope(int index) : CurrentDeviceScope(index, "layer") {}
 };
 
 // Plan block B by layer shape: with few experts every expert gets many rows and 128-row padding costs little;

@@ -463,15 +463,7 @@ void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const Ten
   const bool grouped1 = kTactics[tactic.gemm1].kind == GemmKernelKind::grouped;
   const bool grouped2 = kTactics[tactic.gemm2].kind == GemmKernelKind::grouped;
 
-  int previous = 0;
-  cuda_check(cudaGetDevice(&previous), "cudaGetDevice");
-  if (previous != m.device.index) cuda_check(cudaSetDevice(m.device.index), "cudaSetDevice");
-  struct Restore {
-    int previous, current;
-    ~Restore() {
-      if (previous != current) cudaSetDevice(previous);
-    }
-  } restore{previous, m.device.index};
+  detail::CurrentDeviceScope scope(m.device.index, "experts");
 
   detail::FillProblemsParams f{pa,    map,  c.hidden, c.intermediate, m.w.w13.data, m.w.w2.data,
                                m.a1y, m.c1, m.act,    m.a1y,          m.gemm1,      m.gemm2};
