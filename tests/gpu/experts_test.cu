@@ -695,14 +695,13 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"qwen3-next-80b", 819, swap},   // 16 rows
       {"qwen3-next-80b", 820, small},  // 17 rows
       // A few large experts (mixtral): 64x256 below 56 routed rows per expert, swapped 96x256 from 56 to 64; above,
-      // by bands of rows per expert where the 128-row tiles' padding and GEMM2's waves decide: 128x256 at 65-111
-      // rows and from 3072 on, 64x256 between.
+      // 64x256 up to 3071 rows and 128x256 from 3072 on; interleaved w13 takes 128x256 at 65-111 rows as well.
       {"mixtral-8x7b", 128, small},    // 32 rows
       {"mixtral-8x7b", 220, small},    // 55 rows
       {"mixtral-8x7b", 221, swap96},   // 56 rows
       {"mixtral-8x7b", 256, swap96},   // 64 rows
-      {"mixtral-8x7b", 257, large},    // 65 rows
-      {"mixtral-8x7b", 444, large},    // 111 rows
+      {"mixtral-8x7b", 257, small},    // 65 rows
+      {"mixtral-8x7b", 444, small},    // 111 rows
       {"mixtral-8x7b", 445, small},    // 112 rows
       {"mixtral-8x7b", 892, small},    // 223 rows
       {"mixtral-8x7b", 893, small},    // 224 rows
@@ -711,8 +710,12 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"mixtral-8x7b", 1277, small},   // 320 rows
       {"mixtral-8x7b", 12284, small},  // 3071 rows
       {"mixtral-8x7b", 12285, large},  // 3072 rows
-      // Interleaved w13 (GEMM1's fused gated epilogue) takes the same tiles.
+      // Interleaved w13 (GEMM1's fused gated epilogue) takes the same tiles but 128x256 at 65-111 rows.
+      {"mixtral-8x7b", 256, swap96, nullptr, interleaved},  // 64 rows
+      {"mixtral-8x7b", 257, large, nullptr, interleaved},   // 65 rows
+      {"mixtral-8x7b", 280, large, nullptr, interleaved},   // 70 rows
       {"mixtral-8x7b", 444, large, nullptr, interleaved},   // 111 rows
+      {"mixtral-8x7b", 445, small, nullptr, interleaved},   // 112 rows
       {"mixtral-8x7b", 893, small, nullptr, interleaved},   // 224 rows
       {"mixtral-8x7b", 1276, small, nullptr, interleaved},  // 319 rows
       {"mixtral-8x7b", 1277, small, nullptr, interleaved},  // 320 rows
@@ -759,7 +762,7 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"qwen3-next-80b", 4096, small, nullptr, interleaved},  // 80 rows
       {"qwen3-30b-a3b", 1280, small},                         // 80 rows
       {"deepseek-v3", 2560, small},                           // 80 rows of large experts
-      {"mixtral-8x7b", 320, large},                           // 80 rows of a few large experts
+      {"mixtral-8x7b", 320, small},                           // 80 rows of a few large experts
       {"gpt-oss-120b", 4096, small},                          // 128 rows
       {"gpt-oss-120b", 16384, large},                         // 512 rows
   };

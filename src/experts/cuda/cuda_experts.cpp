@@ -127,7 +127,11 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kHalvesOps{
 // time, with it at 98-115 rows (S = 1, 1.75-1.8x the mean) 1.052-1.123. Likewise at 224-288 rows, where three 96-row
 // tiles hold an expert that needs three 128-row tiles above 256 rows: swapped 96x256 for both GEMMs ran 0.934 / 0.987
 // of 128x256 / 64x256 at mixtral T = 1024 / 1152 with uniform routing, but 1.037 at T = 1024 with S = 0.5 (hottest
-// expert 361 rows) and 1.111 at T = 896 ("Thirty-third session"); not taken. Where w13 takes the halves form
+// expert 361 rows) and 1.111 at T = 896 ("Thirty-third session"); not taken. Cooperative 128x256 tiles took 65-111
+// rows of these experts ("Twenty-first session") until gate-first / up-first w13 got its fused 64x256 GEMM1; since
+// then 64x256 for both ran 0.962-0.997 of their time at mixtral T = 260-444 (65-111 rows), but 1.006 at T = 320 and
+// 1.021 at T = 260 in one of two calls each ("Fiftieth session", paired, H200), so the band serves interleaved w13
+// only (there T = 300-444 tied at 0.998-1.010 and T = 260 favoured 128x256 by 1.023). Where w13 takes the halves form
 // (gate-first / up-first, I a multiple of kHalvesRows), experts smaller than kLargeExpert keep GEMM1 on the fused
 // 64x256 tile up to 640 rows, GEMM2 on 128x256: against 128x256 for both (GEMM1 + the activation pass), paired runs
 // ("Thirty-seventh session"), qwen3 at 384 / 512 / 640 rows 0.958 / 0.957 / 0.983 but 1024 / 1280 rows 1.018 / 1.019
@@ -155,12 +159,15 @@ constexpr int64_t kLargeExpert = int64_t{24} << 20;  // 2I x H elements
 // 2I x H elements, between qwen3's 3.1M and gpt-oss's 16.6M: the interleaved band's 241-256 rows and the swapped
 // 96x256 band at 70-90 rows win on gpt-oss only.
 constexpr int64_t kMidExpert = int64_t{8} << 20;
-// A band of rows per expert for at most 64 experts of at least kLargeExpert weights each.
-constexpr HeuristicRule few_large(int64_t min_rows, int64_t max_rows, int gemm1, int gemm2) {
+// A band of rows per expert for at most 64 experts of at least kLargeExpert weights each, for the w13 arrangements
+// of `form`.
+constexpr HeuristicRule few_large(int64_t min_rows, int64_t max_rows, int gemm1, int gemm2,
+                                  W13Form form = W13Form::any) {
   return {.min_rows = min_rows,
           .max_rows = max_rows,
           .min_weights = kLargeExpert,
           .max_experts = 64,
+          .w13 = form,
           .gemm1 = gemm1,
           .gemm2 = gemm2};
 }
@@ -170,7 +177,7 @@ constexpr std::array<HeuristicRule, 15> kHeuristic{{
     {.max_rows = 16, .max_tokens = 64, .gemm1 = 5, .gemm2 = 5},
     {.max_rows = 16, .max_shared = 0, .gemm1 = 5, .gemm2 = 5},
     few_large(56, 64, 6, 6),
-    few_large(65, 111, 3, 3),
+    few_large(65, 111, 3, 3, W13Form::interleaved),
     few_large(112, 3071, 4, 4),
     few_large(3072, kAny, 3, 3),
     {.min_rows = 70,
