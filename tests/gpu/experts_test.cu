@@ -776,6 +776,16 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
     EXPECT_EQ(tactics[t.gemm1].name, p.tactic) << p.preset << " T=" << p.tokens;
     EXPECT_EQ(tactics[t.gemm2].name, p.gemm2 != nullptr ? p.gemm2 : p.tactic) << p.preset << " T=" << p.tokens;
   }
+  // Gate-first w13 whose I is no multiple of 128 has no fused 64x256 GEMM1: mixtral's 128x256 band at 65-111 rows
+  // per expert, chosen against GEMM1 plus the activation pass, still serves it.
+  ExpertConfig unfused = find_preset("mixtral-8x7b").experts;
+  unfused.intermediate -= 64;
+  for (const auto& [tokens, name] :
+       {std::pair<int64_t, const char*>{256, swap96}, {257, large}, {444, large}, {445, small}}) {
+    const ExpertTactic t = cuda_expert_default_tactic(unfused, tokens);
+    EXPECT_EQ(tactics[t.gemm1].name, name) << "I=" << unfused.intermediate << " T=" << tokens;
+    EXPECT_EQ(tactics[t.gemm2].name, name) << "I=" << unfused.intermediate << " T=" << tokens;
+  }
 }
 
 }  // namespace

@@ -130,8 +130,10 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kHalvesOps{
 // expert 361 rows) and 1.111 at T = 896 ("Thirty-third session"); not taken. Cooperative 128x256 tiles took 65-111
 // rows of these experts ("Twenty-first session") until gate-first / up-first w13 got its fused 64x256 GEMM1; since
 // then 64x256 for both ran 0.962-0.997 of their time at mixtral T = 260-444 (65-111 rows), but 1.006 at T = 320 and
-// 1.021 at T = 260 in one of two calls each ("Fiftieth session", paired, H200), so the band serves interleaved w13
-// only (there T = 300-444 tied at 0.998-1.010 and T = 260 favoured 128x256 by 1.023). Where w13 takes the halves form
+// 1.021 at T = 260 in one of two calls each ("Fiftieth session", paired, H200), so the band no longer serves the
+// halves form; it stays for interleaved w13 (there T = 300-444 tied at 0.998-1.010 and T = 260 favoured 128x256 by
+// 1.023) and for gate-first / up-first w13 whose GEMM1 still needs the activation pass, as when it was chosen (not
+// measured since). Where w13 takes the halves form
 // (gate-first / up-first, I a multiple of kHalvesRows), experts smaller than kLargeExpert keep GEMM1 on the fused
 // 64x256 tile up to 640 rows, GEMM2 on 128x256: against 128x256 for both (GEMM1 + the activation pass), paired runs
 // ("Thirty-seventh session"), qwen3 at 384 / 512 / 640 rows 0.958 / 0.957 / 0.983 but 1024 / 1280 rows 1.018 / 1.019
@@ -146,8 +148,9 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kHalvesOps{
 // gpt-oss 1.040), and experts of at least kMidExpert up to 256 rows (gpt-oss at 256 rows 0.963; qwen3 with w13
 // interleaved there 1.045: how much padding the 128-row tile's fewer bytes per FLOP outweigh depends on the shape).
 constexpr int64_t kAny = INT64_MAX;
-// Which w13 arrangements a rule serves: any, the halves form (takes_halves_form()) or interleaved.
-enum class W13Form { any, halves, interleaved };
+// Which w13 arrangements a rule serves: any, the halves form (takes_halves_form()), interleaved, or all but the
+// halves form (interleaved, and gate-first / up-first whose GEMM1 needs the activation pass).
+enum class W13Form { any, halves, interleaved, not_halves };
 struct HeuristicRule {
   int64_t min_rows = 0, max_rows = kAny, max_tokens = kAny, min_weights = 0, max_weights = kAny;
   int64_t max_experts = kAny;
@@ -177,7 +180,7 @@ constexpr std::array<HeuristicRule, 15> kHeuristic{{
     {.max_rows = 16, .max_tokens = 64, .gemm1 = 5, .gemm2 = 5},
     {.max_rows = 16, .max_shared = 0, .gemm1 = 5, .gemm2 = 5},
     few_large(56, 64, 6, 6),
-    few_large(65, 111, 3, 3, W13Form::interleaved),
+    few_large(65, 111, 3, 3, W13Form::not_halves),
     few_large(112, 3071, 4, 4),
     few_large(3072, kAny, 3, 3),
     {.min_rows = 70,
@@ -218,6 +221,8 @@ bool serves(W13Form form, const ExpertConfig& c) {
       return takes_halves_form(c);
     case W13Form::interleaved:
       return c.gate_up == GateUpLayout::interleaved;
+    case W13Form::not_halves:
+      return !takes_halves_form(c);
   }
   return false;
 }
