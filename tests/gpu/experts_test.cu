@@ -786,6 +786,23 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
     EXPECT_EQ(tactics[t.gemm1].name, name) << "I=" << unfused.intermediate << " T=" << tokens;
     EXPECT_EQ(tactics[t.gemm2].name, name) << "I=" << unfused.intermediate << " T=" << tokens;
   }
+  // Likewise the swapped 96x256 band at 70-90 rows on experts below kMidExpert: chosen against GEMM1 plus the
+  // activation pass, it serves gate-first / up-first w13 without the fused GEMM1, and neither the halves form nor
+  // interleaved w13.
+  ExpertConfig small_unfused = find_preset("qwen3-next-80b").experts;
+  small_unfused.intermediate -= 64;
+  ExpertConfig small_interleaved = small_unfused;
+  small_interleaved.gate_up = GateUpLayout::interleaved;
+  for (const auto& [cfg, tokens, name] :
+       {std::tuple<const ExpertConfig&, int64_t, const char*>{small_unfused, 3532, small},
+        {small_unfused, 3533, swap96},  // 70 rows
+        {small_unfused, 4608, swap96},  // 90 rows
+        {small_unfused, 4609, small},
+        {small_interleaved, 4096, small}}) {
+    const ExpertTactic t = cuda_expert_default_tactic(cfg, tokens);
+    EXPECT_EQ(tactics[t.gemm1].name, name) << "I=" << cfg.intermediate << " T=" << tokens;
+    EXPECT_EQ(tactics[t.gemm2].name, name) << "I=" << cfg.intermediate << " T=" << tokens;
+  }
 }
 
 }  // namespace

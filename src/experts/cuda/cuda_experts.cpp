@@ -115,7 +115,9 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kHalvesOps{
 // (TuneOptions::logits, moekit tune --logits). Since gate-first / up-first w13 got its fused 64x256 GEMM1
 // (kHalvesOps), the band lost on the smaller experts ("Forty-ninth session", paired, 64x256 for both against it:
 // qwen3-next T = 3584 / 4096 / 4608 0.980 / 0.997 / 0.972, qwen3 T = 1280 0.992, qwen3-next with w13 interleaved T =
-// 4096 0.991), but not on gpt-oss (T = 2560: 1.019); so it serves experts of at least kMidExpert. On an H100 it lost
+// 4096 0.991), but not on gpt-oss (T = 2560: 1.019); so it serves experts of at least kMidExpert, and smaller ones
+// only where gate-first / up-first w13 has no fused GEMM1 (I no multiple of kHalvesRows), as when it was chosen (not
+// measured since). On an H100 it lost
 // on all three presets (0.957-0.978; the rules are fitted to the H200). On a few large experts swapped 96x256 tiles
 // take 56-64 rows: there the hottest of mixtral's 8 experts outgrows one 64-row tile (each extra row tile streams the
 // expert's weights again), while one 96-row tile holds it with half the mean to spare for skewed routing
@@ -148,9 +150,9 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kHalvesOps{
 // gpt-oss 1.040), and experts of at least kMidExpert up to 256 rows (gpt-oss at 256 rows 0.963; qwen3 with w13
 // interleaved there 1.045: how much padding the 128-row tile's fewer bytes per FLOP outweigh depends on the shape).
 constexpr int64_t kAny = INT64_MAX;
-// Which w13 arrangements a rule serves: any, the halves form (takes_halves_form()), interleaved, or all but the
-// halves form (interleaved, and gate-first / up-first whose GEMM1 needs the activation pass).
-enum class W13Form { any, halves, interleaved, not_halves };
+// Which w13 arrangements a rule serves: any, the halves form (takes_halves_form()), interleaved, all but the halves
+// form, or gate-first / up-first outside the halves form (whose GEMM1 needs the activation pass).
+enum class W13Form { any, halves, interleaved, not_halves, split_unfused };
 struct HeuristicRule {
   int64_t min_rows = 0, max_rows = kAny, max_tokens = kAny, min_weights = 0, max_weights = kAny;
   int64_t max_experts = kAny;
@@ -174,7 +176,7 @@ constexpr HeuristicRule few_large(int64_t min_rows, int64_t max_rows, int gemm1,
           .gemm1 = gemm1,
           .gemm2 = gemm2};
 }
-constexpr std::array<HeuristicRule, 15> kHeuristic{{
+constexpr std::array<HeuristicRule, 16> kHeuristic{{
     {.max_load4 = 3, .max_shared = 0, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 1, .max_tokens = 4, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 16, .max_tokens = 64, .gemm1 = 5, .gemm2 = 5},
@@ -187,6 +189,12 @@ constexpr std::array<HeuristicRule, 15> kHeuristic{{
      .max_rows = 90,
      .min_weights = kMidExpert,
      .max_weights = kLargeExpert - 1,
+     .gemm1 = 6,
+     .gemm2 = 6},
+    {.min_rows = 70,
+     .max_rows = 90,
+     .max_weights = kMidExpert - 1,
+     .w13 = W13Form::split_unfused,
      .gemm1 = 6,
      .gemm2 = 6},
     {.min_rows = 200,
@@ -223,6 +231,8 @@ bool serves(W13Form form, const ExpertConfig& c) {
       return c.gate_up == GateUpLayout::interleaved;
     case W13Form::not_halves:
       return !takes_halves_form(c);
+    case W13Form::split_unfused:
+      return c.gate_up != GateUpLayout::interleaved && !takes_halves_form(c);
   }
   return false;
 }
