@@ -664,8 +664,12 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
     const char* tactic;  // GEMM1's, and GEMM2's unless gemm2 is set
     const char* gemm2 = nullptr;
     GateUpLayout gate_up = GateUpLayout::gate_first;  // interleaved: the preset with w13 interleaved at load time
+    int64_t intermediate = 0;                         // I instead of the preset's (0: the preset's)
   };
-  constexpr GateUpLayout interleaved = GateUpLayout::interleaved;
+  constexpr GateUpLayout interleaved = GateUpLayout::interleaved, gate_first = GateUpLayout::gate_first;
+  // I no multiple of 128: gate-first w13 without the fused 64x256 GEMM1 (mixtral's 14336 and qwen3-next's 512 less
+  // 64).
+  constexpr int64_t mixtral_unfused = 14272, qwen3_next_unfused = 448;
   const Pick picks[] = {
       // Decode without shared experts: at most 3/4 of a routed row per expert (4 T K <= 3 E).
       {"mixtral-8x7b", 1, gemv},
@@ -765,43 +769,32 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
       {"mixtral-8x7b", 320, small},                           // 80 rows of a few large experts
       {"gpt-oss-120b", 4096, small},                          // 128 rows
       {"gpt-oss-120b", 16384, large},                         // 512 rows
+      // Gate-first w13 without the fused GEMM1 keeps the bands chosen against GEMM1 plus the activation pass:
+      // mixtral's 128x256 at 65-111 rows, and the swapped 96x256 at 70-90 rows on experts below kMidExpert (where
+      // neither the halves form nor interleaved w13 takes it).
+      {"mixtral-8x7b", 256, swap96, nullptr, gate_first, mixtral_unfused},        // 64 rows
+      {"mixtral-8x7b", 257, large, nullptr, gate_first, mixtral_unfused},         // 65 rows
+      {"mixtral-8x7b", 444, large, nullptr, gate_first, mixtral_unfused},         // 111 rows
+      {"mixtral-8x7b", 445, small, nullptr, gate_first, mixtral_unfused},         // 112 rows
+      {"qwen3-next-80b", 3532, small, nullptr, gate_first, qwen3_next_unfused},   // 69 rows
+      {"qwen3-next-80b", 3533, swap96, nullptr, gate_first, qwen3_next_unfused},  // 70 rows
+      {"qwen3-next-80b", 4608, swap96, nullptr, gate_first, qwen3_next_unfused},  // 90 rows
+      {"qwen3-next-80b", 4609, small, nullptr, gate_first, qwen3_next_unfused},   // 91 rows
+      {"qwen3-next-80b", 4096, small, nullptr, interleaved, qwen3_next_unfused},  // 80 rows
   };
   const std::span<const GemmTacticInfo> tactics = cuda_expert_gemm_tactics();
   for (const Pick& p : picks) {
     ExpertConfig cfg = find_preset(p.preset).experts;
     if (p.gate_up == GateUpLayout::interleaved) cfg.gate_up = p.gate_up;
+    if (p.intermediate != 0) cfg.intermediate = p.intermediate;
     const ExpertTactic t = cuda_expert_default_tactic(cfg, p.tokens);
-    ASSERT_TRUE(t.gemm1 >= 0 && t.gemm1 < static_cast<int>(tactics.size())) << p.preset << " T=" << p.tokens;
-    ASSERT_TRUE(t.gemm2 >= 0 && t.gemm2 < static_cast<int>(tactics.size())) << p.preset << " T=" << p.tokens;
-    EXPECT_EQ(tactics[t.gemm1].name, p.tactic) << p.preset << " T=" << p.tokens;
-    EXPECT_EQ(tactics[t.gemm2].name, p.gemm2 != nullptr ? p.gemm2 : p.tactic) << p.preset << " T=" << p.tokens;
-  }
-  // Gate-first w13 whose I is no multiple of 128 has no fused 64x256 GEMM1: mixtral's 128x256 band at 65-111 rows
-  // per expert, chosen against GEMM1 plus the activation pass, still serves it.
-  ExpertConfig unfused = find_preset("mixtral-8x7b").experts;
-  unfused.intermediate -= 64;
-  for (const auto& [tokens, name] :
-       {std::pair<int64_t, const char*>{256, swap96}, {257, large}, {444, large}, {445, small}}) {
-    const ExpertTactic t = cuda_expert_default_tactic(unfused, tokens);
-    EXPECT_EQ(tactics[t.gemm1].name, name) << "I=" << unfused.intermediate << " T=" << tokens;
-    EXPECT_EQ(tactics[t.gemm2].name, name) << "I=" << unfused.intermediate << " T=" << tokens;
-  }
-  // Likewise the swapped 96x256 band at 70-90 rows on experts below kMidExpert: chosen against GEMM1 plus the
-  // activation pass, it serves gate-first / up-first w13 without the fused GEMM1, and neither the halves form nor
-  // interleaved w13.
-  ExpertConfig small_unfused = find_preset("qwen3-next-80b").experts;
-  small_unfused.intermediate -= 64;
-  ExpertConfig small_interleaved = small_unfused;
-  small_interleaved.gate_up = GateUpLayout::interleaved;
-  for (const auto& [cfg, tokens, name] :
-       {std::tuple<const ExpertConfig&, int64_t, const char*>{small_unfused, 3532, small},
-        {small_unfused, 3533, swap96},  // 70 rows
-        {small_unfused, 4608, swap96},  // 90 rows
-        {small_unfused, 4609, small},
-        {small_interleaved, 4096, small}}) {
-    const ExpertTactic t = cuda_expert_default_tactic(cfg, tokens);
-    EXPECT_EQ(tactics[t.gemm1].name, name) << "I=" << cfg.intermediate << " T=" << tokens;
-    EXPECT_EQ(tactics[t.gemm2].name, name) << "I=" << cfg.intermediate << " T=" << tokens;
+    const std::string where = std::string(p.preset) + " T=" + std::to_string(p.tokens) +
+                              " I=" + std::to_string(cfg.intermediate) + " " +
+                              std::string(gate_up_layout_name(cfg.gate_up));
+    ASSERT_TRUE(t.gemm1 >= 0 && t.gemm1 < static_cast<int>(tactics.size())) << where;
+    ASSERT_TRUE(t.gemm2 >= 0 && t.gemm2 < static_cast<int>(tactics.size())) << where;
+    EXPECT_EQ(tactics[t.gemm1].name, p.tactic) << where;
+    EXPECT_EQ(tactics[t.gemm2].name, p.gemm2 != nullptr ? p.gemm2 : p.tactic) << where;
   }
 }
 
