@@ -5,7 +5,8 @@
 //                 bias + gated activation -> GEMM2 (grouped) -> deterministic fp32 combine; with interleaved gate/up
 //                 rows, GEMM1 on the cooperative 128x256, pingpong 64x256 and swapped 32x128 tactics applies
 //                 bias + activation in its epilogue and writes only the I act columns, and so does GEMM1 on the
-//                 pingpong 64x256 tactic with gate-first or up-first rows when I is a multiple of 128;
+//                 pingpong 64x256 and swapped 32x128 tactics with gate-first or up-first rows when I is a multiple
+//                 of 128;
 //   decode path:  a memory-bound kernel streaming the weights of each plan block with 16-byte loads (GEMM1 with
 //                 bias + activation fused, then GEMM2), then the same combine.
 // With ExpertConfig::routing_weight_on_input (Llama-4) the gather scales each routed row by its slot's weight (on

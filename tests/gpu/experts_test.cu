@@ -393,9 +393,11 @@ TEST(CudaExperts, GatedEpilogue) {
   for (int gemm1 : {3, 4, 5}) check_before_every_gemm2(gemm1, interleaved, salt);
 }
 
-// Gate-first and up-first w13 with I a multiple of 128: tactic 4 runs GEMM1 with the gated activation in its
-// epilogue (B's tiles half from each block), tactic 3 GEMM1 and the activation pass on the same weights. I = 256 and
-// 384 (two and three 256-column tiles, so the second block starts one or one and a half tiles on), H with a K tail.
+// Gate-first and up-first w13 with I a multiple of 128: tactics 4 and 5 run GEMM1 with the gated activation in its
+// epilogue (the weights' tiles half from each block: B's on the pingpong 64x256 tile, A's on the swapped 32x128
+// one, whose halves lie in different warpgroups), tactic 3 GEMM1 and the activation pass on the same weights.
+// I = 256 and 384 (two and three 256-column tiles, so the second block starts one or one and a half tiles on; four
+// and six 128-row swapped tiles), H with a K tail.
 TEST(CudaExperts, GatedEpilogueHalves) {
   MOEKIT_REQUIRE_SM90();
   uint32_t salt = 700;
@@ -406,8 +408,8 @@ TEST(CudaExperts, GatedEpilogueHalves) {
       cfg.intermediate = tokens == 64 || tokens == 200 ? 384 : 256;
       return cfg;
     };
-    for (int gemm1 : {3, 4}) check_gated_epilogue(gemm1, halves, salt);
-    for (int gemm1 : {3, 4}) check_before_every_gemm2(gemm1, halves, salt);
+    for (int gemm1 : {3, 4, 5}) check_gated_epilogue(gemm1, halves, salt);
+    for (int gemm1 : {3, 4, 5}) check_before_every_gemm2(gemm1, halves, salt);
   }
 }
 

@@ -67,11 +67,20 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
 // 0.960-0.963 / 0.988-1.000, qwen3-next T = 1024 0.972-0.973, mixtral T = 1024 / 4096 0.954-0.956 / 0.977-0.980,
 // deepseek-v3 T = 256 / 1024 0.995 / 0.980-0.983, but deepseek-v3 T = 4096 1.016-1.027. The cooperative 128x256
 // tile in that form was no faster (T = 16384: qwen3 0.994-1.001, qwen3-next 0.992-0.993, deepseek-v3 1.002-1.004,
-// mixtral 1.015-1.016) and is not built; the swapped tile has no such form (its pairs would lie in different
-// warpgroups). Elsewhere these layouts keep GEMM1 + the pass, or rearrange_gate_up() interleaves them.
+// mixtral 1.015-1.016) and is not built. The swapped 32x128 tile has one too: its A tile is 64 rows of each block,
+// whose pairs lie in different warpgroups, so both are staged and paired when the tile is copied out. Against
+// GEMM1 + the pass, paired runs in both orders on the H200 ("Fifty-first session"): qwen3 T = 16 / 64 0.982-0.994 /
+// 0.978-0.981, mixtral T = 16 / 64 0.989-1.000 / 0.985-0.986, qwen3-next T = 64 0.982-0.993, deepseek-v3 T = 16 /
+// 64 0.999-1.001. Elsewhere these layouts keep GEMM1 + the pass, or rearrange_gate_up() interleaves them.
 constexpr int64_t kHalvesRows = 128;
 constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kHalvesOps{
-    nullptr, nullptr, nullptr, nullptr, &detail::sm90_grouped_gemm_gated_halves_pingpong_64x256x64, nullptr, nullptr};
+    nullptr,
+    nullptr,
+    nullptr,
+    nullptr,
+    &detail::sm90_grouped_gemm_gated_halves_pingpong_64x256x64,
+    &detail::sm90_grouped_gemm_gated_halves_swap_ab_cooperative_128x32x64,
+    nullptr};
 
 // Default heuristic, first matching rule. Keys: the rows a routed expert is expected to get (the average over active
 // routed experts, ceil(T*K / min(E, T*K))), T, the size of one expert's GEMM1 weights (2I x H), the number of routed

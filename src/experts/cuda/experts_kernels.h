@@ -97,6 +97,9 @@ GroupedGemmOps sm90_grouped_gemm_gated_swap_ab_cooperative_128x32x64();
 // GEMM1 with the gated activation fused for w13 in two blocks (gate-first or up-first, I a multiple of 128): each
 // 256-column tile pairs 128 rows of one block with the same rows of the other (sm90_halves_mainloop.cuh).
 GroupedGemmOps sm90_grouped_gemm_gated_halves_pingpong_64x256x64();
+// The same on the swapped 128x32 tile: each 128-row weight tile pairs 64 rows of one block with the same rows of the
+// other.
+GroupedGemmOps sm90_grouped_gemm_gated_halves_swap_ab_cooperative_128x32x64();
 
 /// Fills both GEMMs' problem shapes, pointers and strides for every group from the plan's counts and offsets:
 /// GEMM1 group g: M = count (0 for another rank's expert), N = 2I, K = H, A = a1 + off*H, B = w13[local], D = c1 +

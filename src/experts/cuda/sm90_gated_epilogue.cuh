@@ -5,7 +5,9 @@
 // - interleaved w13, swapped form (out^T = W x^T): accumulator rows 2i and 2i + 1 of a column, held by lanes l and
 //   l ^ 4 (PairAcrossRows);
 // - gate-first or up-first w13 through sm90_halves_mainloop.cuh, plain form: tile columns j and j + kTileN / 2 of a
-//   row, held by one thread in subtiles visited one after the other (PairAcrossHalves).
+//   row, held by one thread in subtiles visited one after the other (PairAcrossHalves);
+// - the same, swapped form: tile rows j and j + kTileM / 2 of a column, held by the two consumer warpgroups; both
+//   are staged and paired when the tile is copied out (PairAcrossRowHalves).
 // The node adds b13 and applies the activation in registers (b13's slice for the tile is staged in shared memory
 // when the epilogue begins: one load per thread and tile, not one per value), stages the tile's act values in shared
 // memory and, after the tile's last subtile, copies them to act rows with 16-byte stores, so the [rows, 2I] GEMM1
@@ -65,6 +67,7 @@ struct GatedStoreBase {
 /// odd lane outputs (c - 1, c) of row r + 8: one 4-byte shared store each.
 struct PairAcrossColumns {
   static constexpr bool kSwapped = false;
+  static constexpr int kPlanes = 1;               // staged act values
   static constexpr bool kWholeFragments = false;  // stage() per group of four
   static constexpr int kBiasGapAt = 0;            // no gap in the staged b13 slice
   template <class Callbacks, class Fragment, class Coords>
@@ -91,6 +94,7 @@ struct PairAcrossColumns {
 /// stages act((r + 8) / 2). Act values are staged transposed: [plan row][act column].
 struct PairAcrossRows {
   static constexpr bool kSwapped = true;
+  static constexpr int kPlanes = 1;  // staged act values
   static constexpr bool kWholeFragments = false;
   static constexpr int kBiasGapAt = 0;
   template <class Callbacks, class Fragment, class Coords>
@@ -126,6 +130,7 @@ struct PairAcrossRows {
 template <int kHalf>
 struct PairAcrossHalves {
   static constexpr bool kSwapped = false;
+  static constexpr int kPlanes = 1;  // staged act values
   static constexpr bool kWholeFragments = true;
   static constexpr int kBiasGapAt = kHalf;
   template <int kValues, class Callbacks, class Fragment, class CoordsOf>
@@ -164,6 +169,51 @@ struct PairAcrossHalves {
   }
 };
 
+/// Swapped halves form's pairing (sm90_halves_mainloop.cuh with the weights as A): tile rows m < kHalf are rows of
+/// w13's first block, row m + kHalf the same row of its second block, and the two lie in different consumer
+/// warpgroups. A fragment holds groups of four accumulators, (weight row r, plan rows 2c and 2c + 1) and (row r + 8,
+/// the same plan rows); each value is staged with its bias as bf16 (the unfused path rounds GEMM1's output to bf16
+/// too) in its block's plane, transposed ([plan row][act column]), and combine() pairs the planes when the tile is
+/// copied out, after the epilogue's last barrier.
+template <int kHalf>
+struct PairAcrossRowHalves {
+  static constexpr bool kSwapped = true;
+  static constexpr bool kWholeFragments = false;
+  static constexpr int kBiasGapAt = kHalf;
+  static constexpr int kPlanes = 2;  // the first block's values, then the second's
+  template <class Callbacks, class Fragment, class Coords>
+  static CUTLASS_DEVICE void stage(Callbacks& cb, Fragment const& frg, int i, Coords const& c0, Coords const& c1) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int h = 0; h < 2; ++h) {
+      const auto c = h == 0 ? c0 : c1;
+      const int m = cb.tile_m + static_cast<int>(cute::get<0>(c));  // the weight row, in the tile
+      const int n = cb.tile_n + static_cast<int>(cute::get<1>(c));  // the first of two plan rows
+      const int second = m >= kHalf ? 1 : 0;
+      const float b = cb.bias_at(m);
+      __nv_bfloat16* plane = cb.stage + second * Callbacks::kPlaneElements;
+      plane[Callbacks::staged(n, m - second * kHalf)] = __float2bfloat16_rn(static_cast<float>(frg[i + 2 * h]) + b);
+      plane[Callbacks::staged(n + 1, m - second * kHalf)] =
+          __float2bfloat16_rn(static_cast<float>(frg[i + 2 * h + 1]) + b);
+    }
+  }
+  /// Act values of 8 outputs from the staged 16-byte chunks of both planes.
+  template <class Callbacks>
+  static CUTLASS_DEVICE uint4 combine(Callbacks const& cb, uint4 first, uint4 second) {
+    const auto* f = reinterpret_cast<const __nv_bfloat162*>(&first);
+    const auto* s = reinterpret_cast<const __nv_bfloat162*>(&second);
+    uint4 out;
+    auto* o = reinterpret_cast<__nv_bfloat162*>(&out);
+    const bool up_first = cb.params.up_first;
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < 4; ++j) {
+      const float2 a = __bfloat1622float2(f[j]), b = __bfloat1622float2(s[j]);
+      const float2 gate = up_first ? b : a, up = up_first ? a : b;
+      o[j] = __floats2bfloat162_rn(gated_activation(cb.form, gate.x, up.x), gated_activation(cb.form, gate.y, up.y));
+    }
+    return out;
+  }
+};
+
 /// A tile's epilogue state: where the thread's values lie in the tile, the tile's extent inside the problem, its
 /// act rows, staging buffer and staged bias; begin() stages the tile's kBiasLength b13 values (0 past the problem),
 /// visit() stages each group of four accumulators (each fragment where Pairing::kWholeFragments) through the form's
@@ -173,6 +223,7 @@ template <class CTensor, class Pairing, int kRows, int kCols, int kBiasLength, i
 struct GatedTileCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStoreCallbacks {
   static_assert(kCols % 64 == 0, "the staging swizzle permutes eight 16-byte chunks");
   static constexpr int kChunks = kCols / 8;
+  static constexpr int kPlaneElements = kRows * kCols;  // one plane of staged values (Pairing::kPlanes of them)
   /// Where act value (row, col) is staged: rows of kCols values, the 16-byte chunks of row r permuted by r % 8, so
   /// that the eight rows a warp's stores and copies touch at once fall in different banks.
   static CUTLASS_DEVICE int staged(int row, int col) {
@@ -219,6 +270,9 @@ struct GatedTileCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStor
   }
   CUTLASS_DEVICE bool begin_sync_needed() const { return params.bias.data != nullptr; }
 
+  /// The staged bias at tile index i (a column of the tile, or a weight row when swapped).
+  CUTLASS_DEVICE float bias_at(int i) const { return params.bias.data != nullptr ? bias[i] : 0.0f; }
+
   /// The staged bias of the pair at tile index i (even; columns of the tile, or weight rows when swapped).
   CUTLASS_DEVICE float2 bias_pair(int i) const {
     return params.bias.data != nullptr ? *reinterpret_cast<const float2*>(bias + i) : make_float2(0.0f, 0.0f);
@@ -248,9 +302,12 @@ struct GatedTileCallbacks : cutlass::epilogue::fusion::detail::EmptyConsumerStor
     sync_fn();
     for (int k = thread_idx; k < kRows * kChunks; k += kThreads) {
       const int r = k / kChunks, c = (k % kChunks) * 8;
-      if (r < rows && c < cols)
-        *reinterpret_cast<uint4*>(out + r * params.ld_out + c) =
-            *reinterpret_cast<const uint4*>(stage + staged(r, c));
+      if (r < rows && c < cols) {
+        uint4 v = *reinterpret_cast<const uint4*>(stage + staged(r, c));
+        if constexpr (Pairing::kPlanes == 2)
+          v = Pairing::combine(*this, v, *reinterpret_cast<const uint4*>(stage + kPlaneElements + staged(r, c)));
+        *reinterpret_cast<uint4*>(out + r * params.ld_out + c) = v;
+      }
     }
     sync_fn();
   }
@@ -273,10 +330,11 @@ template <int kTileM, int kTileN, int kThreads, class Pairing, int kBorrowBytes>
 struct Sm90GatedStore : GatedStoreBase {
   static constexpr bool kSwapped = Pairing::kSwapped;
   static constexpr bool kHalves = Pairing::kBiasGapAt > 0;
-  static_assert(!kHalves || Pairing::kBiasGapAt == kTileN / 2, "the halves split the tile's columns in two");
+  static_assert(!kHalves || Pairing::kBiasGapAt == (kSwapped ? kTileM : kTileN) / 2,
+                "the halves split the tile's weight rows in two");
   static constexpr int kRows = kSwapped ? kTileN : kTileM;
   static constexpr int kCols = kSwapped ? kTileM / 2 : kTileN / 2;
-  static constexpr int kBufferElements = kRows * kCols;
+  static constexpr int kBufferElements = kRows * kCols * Pairing::kPlanes;
   static constexpr int kBiasLength = kSwapped ? kTileM : kTileN;  // b13 values per tile: along the weight rows
   static constexpr int kStagingBytes = kBufferElements * static_cast<int>(sizeof(__nv_bfloat16));
   static_assert(kBorrowBytes % 16 == 0, "the staging buffer is copied out in 16-byte chunks");
@@ -310,14 +368,17 @@ struct Sm90GatedStore : GatedStoreBase {
     auto* act = static_cast<__nv_bfloat16*>(const_cast<void*>(params.ptr_out[group]));
     const int64_t expert = local < 0 ? 0 : local;
     // Act rows and the b13 index of the tile's first pair: plain, rows on M and pairs on N; swapped, the reverse.
-    // Halves: the tile's outputs n0 / 2 on are w13 rows n0 / 2 on in each block (N / 2 rows apart).
+    // Halves: the tile's outputs w0 / 2 on (w0 = m0 or n0, the tile's first weight row) are w13 rows w0 / 2 on in
+    // each block (W / 2 rows apart, W = 2I the weights' extent).
     const int act_row = kSwapped ? n0 : m0, act_col = kSwapped ? m0 / 2 : n0 / 2;
     const int rows = kSwapped ? min(kTileN, static_cast<int>(N) - n0) : min(kTileM, static_cast<int>(M) - m0);
     const int cols =
         kSwapped ? min(kCols, (static_cast<int>(M) - m0) / 2) : min(kCols, (static_cast<int>(N) - n0) / 2);
-    const int64_t bias_base = kSwapped ? expert * M + m0 : expert * N + (kHalves ? n0 / 2 : n0);
-    const int bias_count = kSwapped ? static_cast<int>(M) - m0 : static_cast<int>(N) - n0;
-    const int64_t bias_gap = kHalves ? static_cast<int64_t>(N) / 2 - kTileN / 2 : 0;
+    const int64_t W = kSwapped ? M : N;
+    const int w0 = kSwapped ? m0 : n0, tile_w = kSwapped ? kTileM : kTileN;
+    const int64_t bias_base = expert * W + (kHalves ? w0 / 2 : w0);
+    const int bias_count = static_cast<int>(W) - w0;
+    const int64_t bias_gap = kHalves ? W / 2 - tile_w / 2 : 0;
     // The loan starts kBorrowBytes before this node's storage, outside its C++ object: address arithmetic.
     auto* staging = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<uintptr_t>(storage) - kBorrowBytes);
     return ConsumerStoreCallbacks<decltype(args.tCcD)>(args.tCcD, first_m - m0, first_n - n0, rows, cols,

@@ -28,15 +28,16 @@ namespace moekit::detail {
 /// out^T = W x^T, so that a few rows per expert fill a narrow N tile instead of a 64-row M tile. swap_gated: as
 /// swap_ab, with gated's epilogue on interleaved gate/up row pairs (cooperative only). gated_halves: as gated, for
 /// w13 in two blocks (gate-first or up-first): B's tiles are loaded by sm90_halves_mainloop.cuh, half from each
-/// block.
-enum class GroupedForm { plain, gated, swap_ab, swap_gated, gated_halves };
+/// block. swap_gated_halves: swap_gated for w13 in two blocks, A's tiles loaded half from each block.
+enum class GroupedForm { plain, gated, swap_ab, swap_gated, gated_halves, swap_gated_halves };
 
 /// A tile configuration: CTA tile (M, N, K), the warp-specialized schedule and the form.
 template <int kTileM, int kTileN, int kTileK, bool kCooperative, GroupedForm kForm = GroupedForm::plain>
 struct Sm90GroupedGemm {
-  static constexpr bool kHalves = kForm == GroupedForm::gated_halves;
+  static constexpr bool kHalves = kForm == GroupedForm::gated_halves || kForm == GroupedForm::swap_gated_halves;
   static constexpr bool kGated = kForm == GroupedForm::gated || kForm == GroupedForm::swap_gated || kHalves;
-  static constexpr bool kSwapped = kForm == GroupedForm::swap_ab || kForm == GroupedForm::swap_gated;
+  static constexpr bool kSwapped =
+      kForm == GroupedForm::swap_ab || kForm == GroupedForm::swap_gated || kForm == GroupedForm::swap_gated_halves;
   // No D when gated: its layout only shapes the epilogue's unused staging types.
   using LayoutD = std::conditional_t<kForm == GroupedForm::swap_ab, GroupedLayoutDT, GroupedLayoutD>;
   using StrideD = std::conditional_t<kForm == GroupedForm::swap_ab, GroupedStrideDT, GroupedStrideD>;
@@ -63,8 +64,10 @@ struct Sm90GroupedGemm {
   // the gated store's buffer begins there.
   static constexpr int kDStagingBytes =
       static_cast<int>(sizeof(CollectiveStorageOf<EpilogueFor<cutlass::bfloat16_t, PlainFusion>>));
-  using Pairing = std::conditional_t<kHalves, PairAcrossHalves<kTileN / 2>,
-                                     std::conditional_t<kSwapped, PairAcrossRows, PairAcrossColumns>>;
+  using Pairing =
+      std::conditional_t<kHalves,
+                         std::conditional_t<kSwapped, PairAcrossRowHalves<kTileM / 2>, PairAcrossHalves<kTileN / 2>>,
+                         std::conditional_t<kSwapped, PairAcrossRows, PairAcrossColumns>>;
   using GatedStore = Sm90GatedStore<kTileM, kTileN, kCooperative ? 256 : 128, Pairing, kDStagingBytes>;
   using Fusion = std::conditional_t<
       kGated, cutlass::epilogue::fusion::Sm90EVT<GatedStore, cutlass::epilogue::fusion::Sm90AccFetch>, PlainFusion>;
@@ -79,7 +82,8 @@ struct Sm90GroupedGemm {
   }
   static_assert(!kGated || lends_d_staging<CollectiveEpilogue>(),
                 "the gated store's buffer must begin in the epilogue's unused D staging");
-  static_assert(!kHalves || (kTileN / 2) % cute::size<1>(typename CollectiveEpilogue::EpilogueTile{}) == 0,
+  static_assert(!kHalves || kSwapped ||
+                    (kTileN / 2) % cute::size<1>(typename CollectiveEpilogue::EpilogueTile{}) == 0,
                 "PairAcrossHalves needs every epilogue subtile inside one half of the tile");
 
   using StockMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
@@ -88,7 +92,7 @@ struct Sm90GroupedGemm {
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename CollectiveEpilogue::SharedStorage))>,
       KernelSchedule>::CollectiveOp;
-  using CollectiveMainloop = std::conditional_t<kHalves, Sm90HalvesMainloop<StockMainloop>, StockMainloop>;
+  using CollectiveMainloop = std::conditional_t<kHalves, Sm90HalvesMainloop<StockMainloop, kSwapped>, StockMainloop>;
 
   using Kernel = cutlass::gemm::kernel::GemmUniversal<GroupedProblemShape, CollectiveMainloop, CollectiveEpilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
