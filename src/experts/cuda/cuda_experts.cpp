@@ -70,7 +70,7 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kGatedOps{
 // mixtral 1.015-1.016) and is not built. The swapped 32x128 tile has one too: its A tile is 64 rows of each block,
 // whose pairs lie in different warpgroups, so both are staged and paired when the tile is copied out. Against
 // GEMM1 + the pass, paired runs in both orders on the H200 ("Fifty-first session"): qwen3 T = 16 / 64 0.982-0.994 /
-// 0.978-0.981, mixtral T = 16 / 64 0.989-1.000 / 0.985-0.986, qwen3-next T = 64 0.982-0.993, deepseek-v3 T = 16 /
+// 0.977-0.981, mixtral T = 16 / 64 0.989-1.000 / 0.985-0.986, qwen3-next T = 64 0.983-0.993, deepseek-v3 T = 16 /
 // 64 0.999-1.001. Elsewhere these layouts keep GEMM1 + the pass, or rearrange_gate_up() interleaves them.
 constexpr int64_t kHalvesRows = 128;
 constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kHalvesOps{
