@@ -287,7 +287,8 @@ TEST(Cli, BenchMoeRejectsBadArgumentsFirst) {
 }
 
 // The tactic table and the default picks, without a GPU: T = 1 takes the decode GEMV, qwen3's 1024 rows per expert
-// at T = 16384 the cooperative 128x256 tiles, and --gate-up changes the layout the heuristic sees.
+// at T = 16384 the cooperative 128x256 tiles (whose GEMM1 applies the activation itself only for interleaved w13),
+// and --gate-up changes the layout the heuristic sees.
 TEST(Cli, TacticsPrintsTheTableAndTheDefaultPicks) {
   CliRun r = run_cli("tactics --preset qwen3-30b-a3b --tokens 1,16384");
   if (!moekit::built_with_cuda()) {
@@ -303,13 +304,18 @@ TEST(Cli, TacticsPrintsTheTableAndTheDefaultPicks) {
   EXPECT_NE(r.output.find("default picks for qwen3-30b-a3b (w13 gate_first; routed rows per expert = T * 8 / 128"),
             std::string::npos)
       << r.output;
-  EXPECT_NE(r.output.find("| 1 | 0.06 | 0 gemv_8rows | 0 gemv_8rows |"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("| 16384 | 1024.00 | 3 sm90_cooperative_128x256x64 | 3 sm90_cooperative_128x256x64 |"),
+  EXPECT_NE(r.output.find("| 1 | 0.06 | 0 gemv_8rows | 0 gemv_8rows | in GEMM1 |"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("| 16384 | 1024.00 | 3 sm90_cooperative_128x256x64 | 3 sm90_cooperative_128x256x64 | "
+                          "separate pass |"),
             std::string::npos)
       << r.output;
-  CliRun il = run_cli("tactics --preset qwen3-30b-a3b --tokens 64 --gate-up interleaved");
+  CliRun il = run_cli("tactics --preset qwen3-30b-a3b --tokens 64,16384 --gate-up interleaved");
   ASSERT_EQ(il.status, 0) << il.output;
   EXPECT_NE(il.output.find("(w13 interleaved;"), std::string::npos) << il.output;
+  EXPECT_NE(il.output.find("| 16384 | 1024.00 | 3 sm90_cooperative_128x256x64 | 3 sm90_cooperative_128x256x64 | "
+                           "in GEMM1 |"),
+            std::string::npos)
+      << il.output;
   for (const auto& [args, message] :
        {std::pair<const char*, const char*>{"--preset gpt-5", "unknown preset 'gpt-5'"},
         {"--preset qwen3-30b-a3b --tokens 4,0", "token list entry '0' must be a positive integer"},

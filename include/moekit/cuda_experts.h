@@ -51,6 +51,13 @@ struct GemmTacticInfo {
 /// The tactics that exist, in a fixed order; indices into this table are ExpertTactic's values.
 std::span<const GemmTacticInfo> cuda_expert_gemm_tactics();
 
+/// Whether GEMM1 on tactic `gemm1` applies b13 and the gated activation itself for `config`'s w13 (the decode GEMV
+/// always; a grouped tile where it has a fused gated epilogue for that gate/up arrangement: interleaved w13 on the
+/// cooperative 128x256, pingpong 64x256 and swapped 32x128 tiles, gate-first / up-first w13 with I a multiple of 128
+/// on the pingpong 64x256 and swapped 32x128 tiles); otherwise GEMM1 writes [rows, 2I] and a separate pass applies
+/// them. Needs no device. Throws NotSupported naming the valid indices when `gemm1` is not one.
+bool cuda_expert_gemm1_fuses_activation(const ExpertConfig& config, int gemm1);
+
 /// Kernel choice for one call: indices into cuda_expert_gemm_tactics() for GEMM1 and GEMM2; -1 lets the
 /// heuristic choose that GEMM.
 struct ExpertTactic {

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
@@ -18,6 +19,7 @@
 #include <utility>
 #include <vector>
 
+#include "error_of.h"
 #include "gpu/gpu_test.h"
 #include "moekit/cuda_experts.h"
 #include "moekit/device.h"
@@ -797,6 +799,43 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
     ASSERT_TRUE(t.gemm2 >= 0 && t.gemm2 < static_cast<int>(tactics.size())) << where;
     EXPECT_EQ(tactics[t.gemm1].name, p.tactic) << where;
     EXPECT_EQ(tactics[t.gemm2].name, p.gemm2 != nullptr ? p.gemm2 : p.tactic) << where;
+  }
+}
+
+// Which GEMM1 tactics apply b13 + the activation themselves, per w13 arrangement (host code only): the GEMV always,
+// the tiles with a fused gated epilogue for that arrangement, and none of the grouped tiles for gate-first /
+// up-first w13 whose I is no multiple of 128.
+TEST(CudaExpertsHeuristic, ActivationInGemm1WhereAFusedFormExists) {
+  const int n = static_cast<int>(cuda_expert_gemm_tactics().size());
+  ASSERT_EQ(n, 7);
+  struct Expect {
+    GateUpLayout gate_up;
+    int64_t intermediate;
+    std::array<bool, 7> fused;  // by tactic index
+  };
+  const Expect cases[] = {
+      {GateUpLayout::interleaved, 768, {true, false, false, true, true, true, false}},
+      {GateUpLayout::interleaved, 448, {true, false, false, true, true, true, false}},
+      {GateUpLayout::gate_first, 768, {true, false, false, false, true, true, false}},
+      {GateUpLayout::up_first, 512, {true, false, false, false, true, true, false}},
+      {GateUpLayout::gate_first, 448, {true, false, false, false, false, false, false}},
+      {GateUpLayout::up_first, 14272, {true, false, false, false, false, false, false}},
+  };
+  for (const Expect& e : cases) {
+    ExpertConfig cfg = find_preset("qwen3-30b-a3b").experts;
+    cfg.gate_up = e.gate_up;
+    cfg.intermediate = e.intermediate;
+    for (int t = 0; t < n; ++t)
+      EXPECT_EQ(cuda_expert_gemm1_fuses_activation(cfg, t), e.fused[t])
+          << gate_up_layout_name(e.gate_up) << " I = " << e.intermediate << " tactic " << t;
+  }
+  for (int bad : {-1, n}) {
+    const ExpertConfig cfg = find_preset("mixtral-8x7b").experts;
+    const std::string message =
+        moekit::testing::error_of<NotSupported>([&] { cuda_expert_gemm1_fuses_activation(cfg, bad); });
+    EXPECT_NE(message.find("gemm1 tactic (" + std::to_string(bad) + ") must be one of: 0: gemv_8rows"),
+              std::string::npos)
+        << message;
   }
 }
 

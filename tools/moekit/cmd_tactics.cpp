@@ -48,12 +48,14 @@ void print_tactics(const TacticsCli& o, bool gate_up_given) {
           "\ndefault picks for {} (w13 {}; routed rows per expert = T * {} / {}, which the heuristic rounds up):\n",
           o.preset, gate_up_layout_name(cfg.gate_up), cfg.top_k, cfg.num_experts)
           .c_str());
-  std::printf("| T | routed rows per expert (mean) | gemm1 | gemm2 |\n|---|---|---|---|\n");
+  std::printf("| T | routed rows per expert (mean) | gemm1 | gemm2 | b13 + activation |\n|---|---|---|---|---|\n");
   for (int64_t t : tokens) {
     const ExpertTactic pick = cuda_expert_default_tactic(cfg, t);
-    std::printf("%s", fmt::format("| {} | {:.2f} | {} {} | {} {} |\n", t, double(t) * cfg.top_k / cfg.num_experts,
-                                  pick.gemm1, table[pick.gemm1].name, pick.gemm2, table[pick.gemm2].name)
-                          .c_str());
+    const char* act = cuda_expert_gemm1_fuses_activation(cfg, pick.gemm1) ? "in GEMM1" : "separate pass";
+    std::printf("%s",
+                fmt::format("| {} | {:.2f} | {} {} | {} {} | {} |\n", t, double(t) * cfg.top_k / cfg.num_experts,
+                            pick.gemm1, table[pick.gemm1].name, pick.gemm2, table[pick.gemm2].name, act)
+                    .c_str());
   }
 }
 #else

@@ -229,6 +229,19 @@ W13Forms w13_form(const ExpertConfig& c) {
   return takes_halves_form(c) ? kHalvesW13 : kUnfusedW13;
 }
 
+// GEMM1's instantiations with the gated activation in their epilogue for `c`'s w13 (kGatedOps or kHalvesOps), or
+// nullptr where no tile has that form.
+const std::array<GroupedGemmOps (*)(), kTactics.size()>* gated_table(const ExpertConfig& c) {
+  switch (w13_form(c)) {
+    case kInterleavedW13:
+      return &kGatedOps;
+    case kHalvesW13:
+      return &kHalvesOps;
+    default:
+      return nullptr;
+  }
+}
+
 constexpr int64_t kAlign = 256;
 int64_t round_up(int64_t x, int64_t m) {
   return (x + m - 1) / m * m;
@@ -268,6 +281,13 @@ void detail::check_launch(const char* what) {
 
 std::span<const GemmTacticInfo> cuda_expert_gemm_tactics() {
   return kTactics;
+}
+
+bool cuda_expert_gemm1_fuses_activation(const ExpertConfig& config, int gemm1) {
+  check_tactic(gemm1, "gemm1");
+  if (kTactics[gemm1].kind == GemmKernelKind::gemv) return true;
+  const auto* table = gated_table(config);
+  return table != nullptr && (*table)[gemm1] != nullptr;
 }
 
 struct CudaExperts::Impl {
@@ -317,12 +337,9 @@ CudaExperts::CudaExperts(const CudaExpertsArgs& a) : impl_(std::make_unique<Impl
   m.groups = a.config.num_experts + a.config.num_shared_experts;
   for (size_t i = 0; i < kTactics.size(); ++i)
     if (kGroupedOps[i] != nullptr) m.ops[i] = kGroupedOps[i]();
-  const bool halves = takes_halves_form(a.config);
-  if (a.config.gate_up == GateUpLayout::interleaved || halves) {
-    const auto& table = halves ? kHalvesOps : kGatedOps;
+  if (const auto* table = gated_table(a.config))
     for (size_t i = 0; i < kTactics.size(); ++i)
-      if (table[i] != nullptr) m.gated_ops[i] = table[i]();
-  }
+      if ((*table)[i] != nullptr) m.gated_ops[i] = (*table)[i]();
   m.map = {a.config.num_experts, a.config.local_expert_offset, a.config.local_experts()};
 
   const ExpertConfig& c = m.cfg;
