@@ -1,8 +1,10 @@
 """Summarizes scripts/ab-moe.sh runs: OUT_DIR/{A,B}_PRESET_rROUND.json (bench moe --json) -> markdown tables.
 
-For each preset and T: each kernel position's cold median (median over rounds) for A and B; then, last so that the
-tail of any log shows it, the median over rounds of the experts graph time of A and of B (or another row field,
-e.g. route_experts_graph_us), their ratio (B / A, below 1 when B is faster) and the range over rounds.
+For each preset and T: each kernel's cold median (median over rounds) for A and B, kernels matched by name and
+occurrence (the second device_kernel of A against the second of B), so that a kernel only one side launches (an
+activation pass that the other fuses into GEMM1) gets a row of its own with "-" on the other side; then, last so
+that the tail of any log shows it, the median over rounds of the experts graph time of A and of B (or another row
+field, e.g. route_experts_graph_us), their ratio (B / A, below 1 when B is faster) and the range over rounds.
 Usage: python3 scripts/ab_moe_table.py OUT_DIR [FIELD]
 """
 import json
@@ -39,9 +41,29 @@ def cells(runs):
             yield preset, tokens, runs[preset][tokens]["A"], runs[preset][tokens]["B"]
 
 
-def median_kernel(rounds, i):
-    """Median over rounds of kernel position i's cold median, or "-" where no round has it."""
-    vals = [k[i]["median_us"] for k in rounds if i < len(k)]
+def keyed(kernels):
+    """[(name, occurrence)] of one run's kernel list, in launch order."""
+    seen = defaultdict(int)
+    keys = []
+    for k in kernels:
+        keys.append((k["name"], seen[k["name"]]))
+        seen[k["name"]] += 1
+    return keys
+
+
+def merged_keys(a, b):
+    """The keys of launch orders a and b in one order: a's, with each of b's own keys after the key b launched
+    before it."""
+    out = list(a)
+    for i, key in enumerate(b):
+        if key not in out:
+            out.insert(out.index(b[i - 1]) + 1 if i > 0 else 0, key)
+    return out
+
+
+def median_kernel(rounds, key):
+    """Median over rounds of the cold median of the kernel `key` (name, occurrence), or "-" where no round has it."""
+    vals = [k["median_us"] for r in rounds for k, kk in zip(r, keyed(r)) if kk == key]
     return f"{statistics.median(vals):.1f}" if vals else "-"
 
 
@@ -54,16 +76,16 @@ def main(argv):
     if not runs:
         print(f"no A_*/B_* JSON files in {argv[1]}")
         return 1
-    print("| preset | T | # | kernel | A cold us | B cold us |")
-    print("|---|---|---|---|---|---|")
+    print("| preset | T | kernel | A cold us | B cold us |")
+    print("|---|---|---|---|---|")
     for preset, tokens, a, b in cells(runs):
         if not a or not b:
             continue
         ka = [r.get("experts_kernels", []) for r in a]
         kb = [r.get("experts_kernels", []) for r in b]
-        for i in range(max(len(ka[0]), len(kb[0]))):
-            name = (ka[0][i] if i < len(ka[0]) else kb[0][i])["name"]
-            print(f"| {preset} | {tokens} | {i} | {name} | {median_kernel(ka, i)} | {median_kernel(kb, i)} |")
+        for key in merged_keys(keyed(ka[0]), keyed(kb[0])):
+            name = key[0] if key[1] == 0 else f"{key[0]} ({key[1] + 1})"
+            print(f"| {preset} | {tokens} | {name} | {median_kernel(ka, key)} | {median_kernel(kb, key)} |")
     print()
     first = next(r for _, _, a, b in cells(runs) for r in a + b)
     if field not in first:
