@@ -219,14 +219,11 @@ constexpr std::array<HeuristicRule, 16> kHeuristic{{
     {.gemm1 = 3, .gemm2 = 3},
 }};
 
-// Whether GEMM1's fused gated epilogue reaches w13 through the halves main loop (kHalvesOps).
-bool takes_halves_form(const ExpertConfig& c) {
-  return c.gate_up != GateUpLayout::interleaved && c.intermediate % kHalvesRows == 0;
-}
-
+// The form `c`'s w13 takes in GEMM1: interleaved, or gate-first / up-first through the halves main loop
+// (kHalvesOps) where I is a multiple of kHalvesRows, else unfused.
 W13Forms w13_form(const ExpertConfig& c) {
   if (c.gate_up == GateUpLayout::interleaved) return kInterleavedW13;
-  return takes_halves_form(c) ? kHalvesW13 : kUnfusedW13;
+  return c.intermediate % kHalvesRows == 0 ? kHalvesW13 : kUnfusedW13;
 }
 
 // GEMM1's instantiations with the gated activation in their epilogue for `c`'s w13 (kGatedOps or kHalvesOps), or
