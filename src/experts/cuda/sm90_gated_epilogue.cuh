@@ -91,7 +91,8 @@ struct PairAcrossColumns {
 /// and (row r + 8, the same plan rows), and lane ^ 4 holds rows r ^ 1 and (r + 8) ^ 1 of the same plan rows (the
 /// wgmma accumulator layout). So a lane with r even holds gates and its partner the matching ups: the gate lane
 /// takes the ups of row r + 1 and stages act(r / 2) of both plan rows, the up lane takes the gates of row r + 8 and
-/// stages act((r + 8) / 2). Act values are staged transposed: [plan row][act column].
+/// stages act((r + 8) / 2). Act values are staged transposed: [plan row][act column]; plan rows past the problem's
+/// are not staged (the copy out skips them).
 struct PairAcrossRows {
   static constexpr bool kSwapped = true;
   static constexpr int kPlanes = 1;  // staged act values
@@ -111,6 +112,7 @@ struct PairAcrossRows {
     const float a0 = gated_activation(cb.form, g0 + b.x, u0 + b.y);
     const float a1 = gated_activation(cb.form, g1 + b.x, u1 + b.y);
     const int n = cb.tile_n + static_cast<int>(cute::get<1>(c));
+    if (n >= cb.rows) return;  // plan rows past the problem's: the copy out skips them
     cb.stage[Callbacks::staged(n, m / 2)] = __float2bfloat16_rn(a0);
     cb.stage[Callbacks::staged(n + 1, m / 2)] = __float2bfloat16_rn(a1);
   }
@@ -174,7 +176,8 @@ struct PairAcrossHalves {
 /// warpgroups. A fragment holds groups of four accumulators, (weight row r, plan rows 2c and 2c + 1) and (row r + 8,
 /// the same plan rows); each value is staged with its bias as bf16 (the unfused path rounds GEMM1's output to bf16
 /// too) in its block's plane, transposed ([plan row][act column]), and combine() pairs the planes when the tile is
-/// copied out, after the epilogue's last barrier.
+/// copied out, after the epilogue's last barrier. Plan rows past the problem's are not staged (the copy out skips
+/// them): an expert of one or two routed rows fills a 32-row tile that little.
 template <int kHalf>
 struct PairAcrossRowHalves {
   static constexpr bool kSwapped = true;
@@ -188,6 +191,7 @@ struct PairAcrossRowHalves {
       const auto c = h == 0 ? c0 : c1;
       const int m = cb.tile_m + static_cast<int>(cute::get<0>(c));  // the weight row, in the tile
       const int n = cb.tile_n + static_cast<int>(cute::get<1>(c));  // the first of two plan rows
+      if (n >= cb.rows) continue;
       const int second = m >= kHalf ? 1 : 0;
       const float b = cb.bias_at(m);
       __nv_bfloat16* plane = cb.stage + second * Callbacks::kPlaneElements;
