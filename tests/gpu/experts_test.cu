@@ -2,16 +2,19 @@
 // Frobenius error <= 1e-2 on fresh random inputs (the seed is printed; MOEKIT_TEST_SEED replays one). Cases:
 // reduced-size versions of every preset at T in {1, 7, 64, 1000}, every tactic pair, every activation x gate/up
 // layout with fp32 and bf16 biases, short weight rows on the decode path, shared experts, empty experts, one hot
-// expert, expert parallelism, CUDA-graph capture then replay with new data, bitwise repeatability of every case, and
-// the argument checks. Plans are built on the CPU (build_plan_reference) and copied to the device, so these tests do
-// not depend on the GPU router. Skips without an sm90 GPU.
+// expert, fixed rows per expert around the cooperative tiles' halves, expert parallelism, CUDA-graph capture then
+// replay with new data, bitwise repeatability of every case, and the argument checks. Plans are built on the CPU
+// (build_plan_reference) and copied to the device, so these tests do not depend on the GPU router. Skips without an
+// sm90 GPU.
 #include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <numeric>
 #include <random>
 #include <span>
 #include <sstream>
@@ -51,7 +54,9 @@ std::vector<uint16_t> random_bf16(std::mt19937& rng, int64_t n, float scale) {
   return v;
 }
 
-enum class Routing { random, one_hot, half_empty };
+// random: K distinct experts per token from all of them; one_hot: expert 0 always first; half_empty: from the lower
+// half; counts: K = 1, expert e gets Case::counts[e] tokens, in a shuffled token order.
+enum class Routing { random, one_hot, half_empty, counts };
 
 struct Case {
   ExpertConfig cfg;
@@ -61,6 +66,7 @@ struct Case {
   DType bias_dtype = DType::f32;
   int bias_offset = 0;  // bytes the device biases sit past a 256-byte boundary (4: only 4-byte aligned)
   Routing routing = Routing::random;
+  std::vector<int> counts;  // Routing::counts: tokens per routed expert (they sum to tokens)
   ExpertTactic tactic{};
 };
 
@@ -121,6 +127,11 @@ struct Problem {
     const int kt = cfg.top_k + cfg.num_shared_experts, n = cfg.num_experts;
     RoutePlanView& v = plan.mutable_view();
     std::uniform_real_distribution<float> uw(0.05f, 1.0f);
+    std::vector<int> expert_of;  // Routing::counts: token -> its one routed expert
+    if (c.routing == Routing::counts) {
+      for (int e = 0; e < static_cast<int>(c.counts.size()); ++e) expert_of.insert(expert_of.end(), c.counts[e], e);
+      std::shuffle(expert_of.begin(), expert_of.end(), rng);
+    }
     for (int64_t t = 0; t < tokens; ++t) {
       std::vector<int> pool(n);
       for (int i = 0; i < n; ++i) pool[i] = i;
@@ -129,6 +140,8 @@ struct Problem {
         int pick;
         if (c.routing == Routing::one_hot && j == 0) {
           pick = 0;  // pool[0] == 0 until it is swapped out below
+        } else if (c.routing == Routing::counts) {
+          pick = expert_of[t];  // j == 0 and pool[i] == i
         } else {
           std::uniform_int_distribution<int> ui(j, pool_size - 1);
           pick = ui(rng);
@@ -377,6 +390,49 @@ void check_before_every_gemm2(int gemm1, ConfigFor config_for, uint32_t& salt) {
     c.tokens = 300;
     c.b13 = c.b2 = true;
     c.tactic = {gemm1, gemm2};
+    check_case(c, salt++);
+  }
+}
+
+// The cooperative tiles (tactics 2 and 3: 128 rows, each consumer warpgroup 64 of them) on experts of 1, 63, 64,
+// 65, 127, 128, 129, 192 and 193 rows (last row tiles on either side of one warpgroup's rows) and one empty, GEMM1
+// plain (gate-first, then the activation pass) and gated (interleaved, tactic 3), with and without a shared expert
+// of all 962 rows (last tile 66 rows); then enough tiles that every CTA of the persistent grid runs several.
+TEST(CudaExperts, CooperativeTilesAroundHalfATile) {
+  MOEKIT_REQUIRE_SM90();
+  uint32_t salt = 900;
+  const std::vector<int> counts = {1, 63, 64, 0, 65, 127, 128, 129, 192, 193};
+  for (GateUpLayout l : {GateUpLayout::gate_first, GateUpLayout::interleaved}) {
+    for (ExpertTactic tactic : {ExpertTactic{2, 2}, ExpertTactic{3, 3}, ExpertTactic{3, 2}}) {
+      for (int shared : {0, 1}) {
+        Case c;
+        c.cfg = reduced(find_preset("qwen3-30b-a3b").experts);
+        c.cfg.num_experts = static_cast<int>(counts.size());
+        c.cfg.top_k = 1;
+        c.cfg.num_shared_experts = shared;
+        c.cfg.gate_up = l;
+        c.tokens = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+        c.routing = Routing::counts;
+        c.counts = counts;
+        c.b13 = c.b2 = shared == 1;
+        c.tactic = tactic;
+        check_case(c, salt++);
+      }
+    }
+  }
+  // Several tiles per CTA: 256 experts of 0-330 rows, H = I = 136.
+  std::vector<int> many(256);
+  for (int e = 0; e < 256; ++e) many[e] = e * 97 % 331;
+  for (ExpertTactic tactic : {ExpertTactic{2, 2}, ExpertTactic{3, 3}}) {
+    Case c;
+    c.cfg = reduced(find_preset("gpt-oss-120b").experts);
+    c.cfg.num_experts = 256;
+    c.cfg.top_k = 1;
+    c.cfg.hidden = c.cfg.intermediate = 136;
+    c.tokens = std::accumulate(many.begin(), many.end(), int64_t{0});
+    c.routing = Routing::counts;
+    c.counts = many;
+    c.tactic = tactic;
     check_case(c, salt++);
   }
 }
