@@ -90,7 +90,8 @@ if want sanitize; then
       "$build/tests/gpu_route_test" --gtest_filter=-*Graph*
     step racecheck_gpu_route_graph cs --tool racecheck --racecheck-report all --error-exitcode 1 \
       "$build/tests/gpu_route_test" --gtest_filter=*Graph*
-    cases='*Skewed*:*GraphCapture*:*Reject*:*DecodeShortRows*:*DecodeRoutedOnly*:*GatedEpilogue*:*Cooperative*'
+    cases='*Skewed*:*GraphCapture*:*Reject*:*DecodeShortRows*:*DecodeRoutedOnly*:*GatedEpilogue*'
+    cases+=':*Cooperative*:*SeveralTiles*'
     step memcheck_gpu_experts cs --tool memcheck --error-exitcode 1 "$build/tests/gpu_experts_test" \
       --gtest_filter="$cases"
     step racecheck_gpu_experts cs --tool racecheck --racecheck-report all --error-exitcode 1 \

@@ -397,7 +397,7 @@ void check_before_every_gemm2(int gemm1, ConfigFor config_for, uint32_t& salt) {
 // The cooperative tiles (tactics 2 and 3: 128 rows, each consumer warpgroup 64 of them) on experts of 1, 63, 64,
 // 65, 127, 128, 129, 192 and 193 rows (last row tiles on either side of one warpgroup's rows) and one empty, GEMM1
 // plain (gate-first, then the activation pass) and gated (interleaved, tactic 3), with and without a shared expert
-// of all 962 rows (last tile 66 rows); then enough tiles that every CTA of the persistent grid runs several.
+// of all 962 rows (last tile 66 rows).
 TEST(CudaExperts, CooperativeTilesAroundHalfATile) {
   MOEKIT_REQUIRE_SM90();
   uint32_t salt = 900;
@@ -420,20 +420,33 @@ TEST(CudaExperts, CooperativeTilesAroundHalfATile) {
       }
     }
   }
-  // Several tiles per CTA: 256 experts of 0-330 rows, H = I = 136.
-  std::vector<int> many(256);
-  for (int e = 0; e < 256; ++e) many[e] = e * 97 % 331;
-  for (ExpertTactic tactic : {ExpertTactic{2, 2}, ExpertTactic{3, 3}}) {
-    Case c;
-    c.cfg = reduced(find_preset("gpt-oss-120b").experts);
-    c.cfg.num_experts = 256;
-    c.cfg.top_k = 1;
-    c.cfg.hidden = c.cfg.intermediate = 136;
-    c.tokens = std::accumulate(many.begin(), many.end(), int64_t{0});
-    c.routing = Routing::counts;
-    c.counts = many;
-    c.tactic = tactic;
-    check_case(c, salt++);
+}
+
+// Every grouped tactic on 256 experts of 0-330 rows (K = 1, H = 136), so that each CTA of the persistent grid runs
+// many tiles across many groups: interleaved w13 with I = 136 (the gated epilogue on tactics 3, 4 and 5) and
+// gate-first w13 with I = 256 (the halves main loop on tactics 4 and 5).
+TEST(CudaExperts, EveryGroupedTacticWithSeveralTilesPerCta) {
+  MOEKIT_REQUIRE_SM90();
+  uint32_t salt = 950;
+  std::vector<int> counts(256);
+  for (int e = 0; e < 256; ++e) counts[e] = e * 97 % 331;
+  const std::span<const GemmTacticInfo> tactics = cuda_expert_gemm_tactics();
+  for (GateUpLayout l : {GateUpLayout::interleaved, GateUpLayout::gate_first}) {
+    for (int g = 0; g < static_cast<int>(tactics.size()); ++g) {
+      if (tactics[g].kind != GemmKernelKind::grouped) continue;
+      Case c;
+      c.cfg = reduced(find_preset("gpt-oss-120b").experts);
+      c.cfg.num_experts = 256;
+      c.cfg.top_k = 1;
+      c.cfg.gate_up = l;
+      c.cfg.hidden = 136;
+      c.cfg.intermediate = l == GateUpLayout::interleaved ? 136 : 256;
+      c.tokens = std::accumulate(counts.begin(), counts.end(), int64_t{0});
+      c.routing = Routing::counts;
+      c.counts = counts;
+      c.tactic = {g, g};
+      check_case(c, salt++);
+    }
   }
 }
 
