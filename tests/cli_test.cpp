@@ -225,6 +225,17 @@ void expect_non_negative_bench_option(const std::string& prefix, const std::stri
   }
 }
 
+// --verify-tokens: the plain benchmark verifies at min(T, N) tokens, so N >= 1, checked before any device setup (the
+// tuned one takes 0 for no verification).
+TEST(Cli, BenchMoeVerifyTokens) {
+  for (const char* bad : {"0", "-3"}) {
+    CliRun r = run_cli(std::string("bench moe --preset qwen3-30b-a3b --tokens 1 --verify-tokens ") + bad);
+    EXPECT_NE(r.status, 0) << bad;
+    EXPECT_NE(r.output.find(std::string("verify_tokens (") + bad + ") must be >= 1"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("a CUDA device"), std::string::npos) << r.output;
+  }
+}
+
 // --bias-scale: the selection bias's range on presets that have one.
 TEST(Cli, BenchMoeBiasScale) {
   expect_non_negative_bench_option("bench moe --preset deepseek-v3", "--bias-scale", "bias_scale", "0",

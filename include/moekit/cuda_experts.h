@@ -129,7 +129,7 @@ struct MoeBenchOptions {
   std::string preset;           // a name from presets()
   std::vector<int64_t> tokens;  // T values to time
   int samples = 100;            // cold-L2 kernel-time samples and graph replays per measurement (medians)
-  int64_t verify_tokens = 64;   // each tactic pair is verified at min(T, verify_tokens) tokens before timing
+  int64_t verify_tokens = 64;   // each tactic pair is verified at min(T, verify_tokens) tokens before timing (>= 1)
   uint64_t seed = 1;            // weights, hidden states and logits are hash-generated from it
   ExpertTactic tactic{};        // -1 fields: the layer's default heuristic
   // Presets with a selection bias (deepseek-v3, kimi-k2): the bias is uniform in [-bias_scale, bias_scale), the
@@ -179,7 +179,8 @@ struct MoeBenchRow {
   double floor_sustained_us = 0;  // the same with the sustained GEMM rate (0 when not measured)
   double experts_cold_us = 0, experts_graph_us = 0;              // medians: cold-L2 kernel time / graph replay
   double route_experts_cold_us = 0, route_experts_graph_us = 0;  // router + experts
-  double verify_error = 0;                                       // relative Frobenius error against experts_reference
+  double verify_error = 0;  // relative Frobenius error against experts_reference at min(T, verify_tokens) tokens
+  double sampled_verify_error = 0;  // the same for 4 tokens (first to last) of the timed call at T itself
   std::vector<bench::KernelStat> experts_kernels;        // the experts-only call's kernels in launch order (cold L2)
   std::vector<bench::KernelStat> route_experts_kernels;  // the same for router + experts (the router first)
   // MoeBenchOptions::cublas_baseline (else 0 / empty): the rows per expert of the even split, the cold-L2 kernel

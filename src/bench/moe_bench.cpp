@@ -1,6 +1,7 @@
 // `moekit bench moe`: the bf16 experts of one preset on the GPU, timed with the shared harness (moekit/bench.h).
 // Weights, hidden states and logits are hash-filled on the device; the GPU router builds the plan. Every tactic pair
-// that will be timed is first verified against experts_reference at min(T, verify_tokens) tokens. Then, per T:
+// that will be timed is first verified against experts_reference at min(T, verify_tokens) tokens, and the call that
+// is timed on a sample of its own tokens (kSampledTokens, first to last). Then, per T:
 // experts-only and route + experts, as cold-L2 kernel time (CUPTI, summed over the call's kernels) and as CUDA-graph
 // replay. Ceilings: the harness's copy bandwidth and graph launch, plus a cuBLAS bf16 GEMM rate measured here; the
 // floor is max(bytes / copy BW, flops / GEMM rate) with bytes = active experts' weights + hidden in + out. Optionally
@@ -32,6 +33,8 @@
 namespace moekit {
 #if MOEKIT_HAS_CUDA
 namespace {
+
+constexpr int64_t kSampledTokens = 4;  // tokens of the timed call itself compared with the reference
 
 void ck(cudaError_t err, std::string_view what) {
   if (err != cudaSuccess) {
@@ -219,13 +222,10 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
   }
   BatchedBaseline baseline(cublas, w13, w2, h, in);
 
-  // Verification: once per (tactic pair, token count) against the CPU reference on host copies of the weights.
+  // Verification against the CPU reference on host copies of the weights (copied on first use).
   std::vector<uint16_t> hw13, hw2;
   std::vector<float> hb13, hb2;
-  std::map<std::pair<int, int>, double> verified;
-  auto verify = [&](ExpertTactic tactic, int64_t t) {
-    const auto key = std::make_pair(tactic.gemm1 * 100 + tactic.gemm2, static_cast<int>(t));
-    if (auto it = verified.find(key); it != verified.end()) return it->second;
+  auto host_weights = [&] {
     if (hw13.empty()) {
       hw13 = to_host_bf16(w13.data(), ew * 2 * in * h);
       hw2 = to_host_bf16(w2.data(), ew * h * in);
@@ -236,12 +236,6 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
         ck(cudaMemcpy(hb2.data(), b2.data(), hb2.size() * 4, cudaMemcpyDeviceToHost), "cudaMemcpy");
       }
     }
-    route(rcfg, rows_of(logits, t, e, DType::f32), bias_view, plan, s);
-    layer.run(plan, rows_of(hidden, t, h, DType::bf16), rows_of(out, t, h, DType::bf16), s, tactic);
-    ck(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-    RoutePlan hplan(PlanShape{t, rcfg.num_experts, rcfg.top_k, rcfg.num_shared_experts, preset.block}, Device::cpu());
-    copy_plan(plan, hplan);
-    std::vector<uint16_t> hx = to_host_bf16(hidden.data(), t * h), got = to_host_bf16(out.data(), t * h), want(t * h);
     ExpertWeights hwv;
     hwv.w13 = TensorView::contiguous(hw13.data(), DType::bf16, {ew, 2 * in, h});
     hwv.w2 = TensorView::contiguous(hw2.data(), DType::bf16, {ew, h, in});
@@ -249,15 +243,62 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
       hwv.b13 = TensorView::contiguous(hb13.data(), DType::f32, {ew, 2 * in});
       hwv.b2 = TensorView::contiguous(hb2.data(), DType::f32, {ew, h});
     }
-    experts_reference(cfg, hwv, TensorView::contiguous(hx.data(), DType::bf16, {t, h}), hplan.view(),
-                      TensorView::contiguous(want.data(), DType::bf16, {t, h}));
+    return hwv;
+  };
+  // The reference of n tokens (host rows of hidden and their plan rows) against got; throws above 1e-2.
+  auto check_against_reference = [&](std::vector<uint16_t> hx, const RoutePlan& hplan, int64_t n,
+                                     const std::vector<uint16_t>& got, std::string_view what) {
+    std::vector<uint16_t> want(n * h);
+    experts_reference(cfg, host_weights(), TensorView::contiguous(hx.data(), DType::bf16, {n, h}), hplan.view(),
+                      TensorView::contiguous(want.data(), DType::bf16, {n, h}));
     const double err = relative_frobenius_bf16(got.data(), want.data(), static_cast<int64_t>(want.size()));
     if (!(err <= 1e-2))
-      throw Internal("bench", fmt::format("verification of tactic {}/{} at T={} failed: relative Frobenius error "
-                                          "({:.3g}) must be <= 1e-2",
-                                          tactic.gemm1, tactic.gemm2, t, err));
+      throw Internal("bench", fmt::format("verification {} failed: relative Frobenius error ({:.3g}) must be <= 1e-2",
+                                          what, err));
+    return err;
+  };
+  // Once per (tactic pair, token count): the whole call at t tokens.
+  std::map<std::pair<int, int>, double> verified;
+  auto verify = [&](ExpertTactic tactic, int64_t t) {
+    const auto key = std::make_pair(tactic.gemm1 * 100 + tactic.gemm2, static_cast<int>(t));
+    if (auto it = verified.find(key); it != verified.end()) return it->second;
+    route(rcfg, rows_of(logits, t, e, DType::f32), bias_view, plan, s);
+    layer.run(plan, rows_of(hidden, t, h, DType::bf16), rows_of(out, t, h, DType::bf16), s, tactic);
+    ck(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    RoutePlan hplan(PlanShape{t, rcfg.num_experts, rcfg.top_k, rcfg.num_shared_experts, preset.block}, Device::cpu());
+    copy_plan(plan, hplan);
+    const double err =
+        check_against_reference(to_host_bf16(hidden.data(), t * h), hplan, t, to_host_bf16(out.data(), t * h),
+                                fmt::format("of tactic {}/{} at T={}", tactic.gemm1, tactic.gemm2, t));
     verified[key] = err;
     return err;
+  };
+  // The call that is timed, on `plan` as routed for its t tokens: kSampledTokens of its tokens, first to last, each
+  // with its plan row, against the reference of those tokens alone.
+  auto verify_sampled = [&](ExpertTactic tactic, int64_t t) {
+    layer.run(plan, rows_of(hidden, t, h, DType::bf16), rows_of(out, t, h, DType::bf16), s, tactic);
+    const int64_t n = std::min(t, kSampledTokens);
+    const int64_t kt = rcfg.top_k + rcfg.num_shared_experts;
+    RoutePlan hplan(PlanShape{n, rcfg.num_experts, rcfg.top_k, rcfg.num_shared_experts, preset.block}, Device::cpu());
+    RoutePlanView& v = hplan.mutable_view();
+    std::vector<uint16_t> hx(n * h), got(n * h);
+    auto fetch = [&](void* to, const void* from, int64_t offset, int64_t bytes) {
+      ck(cudaMemcpyAsync(to, static_cast<const char*>(from) + offset, static_cast<size_t>(bytes),
+                         cudaMemcpyDeviceToHost, s),
+         "cudaMemcpyAsync");
+    };
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t token = n == 1 ? 0 : i * (t - 1) / (n - 1);
+      fetch(v.topk_ids + i * kt, plan.view().topk_ids, token * kt * 4, kt * 4);
+      fetch(v.topk_weights + i * kt, plan.view().topk_weights, token * kt * 4, kt * 4);
+      fetch(hx.data() + i * h, hidden.data(), token * h * 2, h * 2);
+      fetch(got.data() + i * h, out.data(), token * h * 2, h * 2);
+    }
+    ck(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    build_plan_reference(n, v);
+    return check_against_reference(
+        std::move(hx), hplan, n, got,
+        fmt::format("of tactic {}/{} at T={} ({} sampled tokens)", tactic.gemm1, tactic.gemm2, t, n));
   };
 
   const auto tactics = cuda_expert_gemm_tactics();
@@ -281,6 +322,7 @@ MoeBenchReport bench_moe(bench::Harness& harness, const MoeBenchOptions& o) {
     ck(cudaMemcpyAsync(counts.data(), plan.view().expert_counts, counts.size() * 4, cudaMemcpyDeviceToHost, s),
        "cudaMemcpy counts");
     ck(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    row.sampled_verify_error = verify_sampled(tactic, t);
     int64_t rows = 0, routed_rows = 0;
     int routed = 0;
     for (int g = 0; g < static_cast<int>(counts.size()); ++g) {
@@ -343,6 +385,8 @@ void check_moe_bench_options(const MoeBenchOptions& o) {
   if (o.tokens.empty()) throw InvalidArgument("bench", "tokens (empty) must list at least one token count");
   for (int64_t t : o.tokens)
     if (t < 1) throw InvalidArgument("bench", fmt::format("tokens ({}) must be >= 1", t));
+  if (o.verify_tokens < 1)
+    throw InvalidArgument("bench", fmt::format("verify_tokens ({}) must be >= 1", o.verify_tokens));
   if (o.samples < 1) throw InvalidArgument("bench", fmt::format("samples ({}) must be >= 1", o.samples));
   if (!std::isfinite(o.bias_scale) || o.bias_scale < 0.0f)
     throw InvalidArgument("bench", fmt::format("bias_scale ({}) must be finite and >= 0", o.bias_scale));

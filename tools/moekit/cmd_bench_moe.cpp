@@ -90,7 +90,8 @@ nlohmann::json to_json(const MoeBenchReport& r) {
                          {"route_experts_graph_us", x.route_experts_graph_us},
                          {"floor_fraction_graph", x.floor_us / x.experts_graph_us},
                          {"floor_fraction_cold", x.floor_us / x.experts_cold_us},
-                         {"verify_error", x.verify_error}});
+                         {"verify_error", x.verify_error},
+                         {"sampled_verify_error", x.sampled_verify_error}});
     if (x.floor_sustained_us > 0) {
       j["rows"].back()["floor_sustained_us"] = x.floor_sustained_us;
       j["rows"].back()["floor_fraction_graph_sustained"] = x.floor_sustained_us / x.experts_graph_us;
@@ -131,19 +132,19 @@ void print_table(const MoeBenchReport& r) {
   std::printf(
       "| T | gemm1 / gemm2 | experts | rows per routed expert (mean / max) | floor us | experts cold us "
       "| experts graph us | route+experts cold us | route+experts graph us | TB/s | TFLOP/s "
-      "| floor fraction (graph) | (cold) | verify err |%s\n",
+      "| floor fraction (graph) | (cold) | verify err | sampled err |%s\n",
       sustained ? " floor fraction (sustained) |" : "");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|%s\n", sustained ? "---|" : "");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|%s\n", sustained ? "---|" : "");
   for (const MoeBenchRow& x : r.rows) {
     std::printf(
         "%s",
         fmt::format(
             "| {} | {} / {} | {} | {:.1f} / {} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.1f} | {:.2f} | {:.0f} | "
-            "{:.2f} | {:.2f} | {:.1e} |{}\n",
+            "{:.2f} | {:.2f} | {:.1e} | {:.1e} |{}\n",
             x.tokens, x.gemm1, x.gemm2, x.active_experts, x.mean_expert_rows, x.max_expert_rows, x.floor_us,
             x.experts_cold_us, x.experts_graph_us, x.route_experts_cold_us, x.route_experts_graph_us,
             x.bytes / (x.experts_graph_us * 1e-6) / 1e12, x.flops / (x.experts_graph_us * 1e-6) / 1e12,
-            x.floor_us / x.experts_graph_us, x.floor_us / x.experts_cold_us, x.verify_error,
+            x.floor_us / x.experts_graph_us, x.floor_us / x.experts_cold_us, x.verify_error, x.sampled_verify_error,
             sustained ? fmt::format(" {:.2f} |", x.floor_sustained_us / x.experts_graph_us) : std::string())
             .c_str());
   }
