@@ -432,7 +432,8 @@ void add_bench_moe_command(CLI::App& bench) {
   CLI::Option* tokens = cmd->add_option("--tokens", opts->tokens, "Token counts to time (--tuned: 1,64,4096)");
   tokens->delimiter(',');
   cmd->add_option("--samples", opts->samples, "Timed samples per measurement (median)");
-  cmd->add_option("--verify-tokens", opts->verify_tokens, "Tokens of the verification run of each tactic pair");
+  cmd->add_option("--verify-tokens", opts->verify_tokens,
+                  "Tokens of the verification run of each tactic pair (>= 1; with --tuned, 0 skips it)");
   cmd->add_option("--seed", opts->seed, "Seed of the hash-generated weights, hidden states and logits");
   cmd->add_option("--gemm1", opts->gemm1, "GEMM1 tactic index (default: the heuristic)");
   cmd->add_option("--gemm2", opts->gemm2, "GEMM2 tactic index (default: the heuristic)");
