@@ -180,7 +180,9 @@ struct MoeBenchRow {
   double experts_cold_us = 0, experts_graph_us = 0;              // medians: cold-L2 kernel time / graph replay
   double route_experts_cold_us = 0, route_experts_graph_us = 0;  // router + experts
   double verify_error = 0;  // relative Frobenius error against experts_reference at min(T, verify_tokens) tokens
-  double sampled_verify_error = 0;  // the same for 4 tokens (first to last) of the timed call at T itself
+  // The same for 4 tokens (first to last) of the timed call at T itself; verify_error where T <= verify_tokens (that
+  // run is the timed call, whole).
+  double sampled_verify_error = 0;
   std::vector<bench::KernelStat> experts_kernels;        // the experts-only call's kernels in launch order (cold L2)
   std::vector<bench::KernelStat> route_experts_kernels;  // the same for router + experts (the router first)
   // MoeBenchOptions::cublas_baseline (else 0 / empty): the rows per expert of the even split, the cold-L2 kernel

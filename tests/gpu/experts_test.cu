@@ -18,6 +18,7 @@
 #include <random>
 #include <span>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -129,6 +130,8 @@ struct Problem {
     std::uniform_real_distribution<float> uw(0.05f, 1.0f);
     std::vector<int> expert_of;  // Routing::counts: token -> its one routed expert
     if (c.routing == Routing::counts) {
+      if (cfg.top_k != 1 || std::accumulate(c.counts.begin(), c.counts.end(), int64_t{0}) != tokens)
+        throw std::invalid_argument("Routing::counts needs top_k 1 and counts that sum to tokens");
       for (int e = 0; e < static_cast<int>(c.counts.size()); ++e) expert_of.insert(expert_of.end(), c.counts[e], e);
       std::shuffle(expert_of.begin(), expert_of.end(), rng);
     }
