@@ -96,6 +96,11 @@ if want sanitize; then
       --gtest_filter="$cases"
     step racecheck_gpu_experts cs --tool racecheck --racecheck-report all --error-exitcode 1 \
       "$build/tests/gpu_experts_test" --gtest_filter='*Skewed*:*GatedEpilogue*:*Cooperative*'
+    # The unified layer (every tactic pair on reduced presets, graph replay, tuning), the device helpers and the
+    # benchmark kernels under memcheck; their racecheck runs past the limit (the layer's kernels are the experts').
+    for t in layer device bench; do
+      step "memcheck_gpu_$t" cs --tool memcheck --error-exitcode 1 "$build/tests/gpu_${t}_test"
+    done
   else
     record "| sanitizers | SKIPPED (no compute-sanitizer) | |"
     failed=1
