@@ -4,6 +4,7 @@
 // Expected values are computed here independently (std::exp in double), never taken from the code under test.
 #include "moekit/routing.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "error_of.h"
 #include "moekit/dtype.h"
 #include "moekit/error.h"
+#include "moekit/plan.h"
 #include "routing/routing_math.h"
 
 namespace moekit {
@@ -583,6 +585,39 @@ TEST(RoutingValidate, Replay) {
   a.replay = replay_at(72);
   EXPECT_EQ(a.error(), "no throw");
   // The rule E < 32768 for replay cannot trigger while num_experts <= 1024, so it has no test here.
+}
+
+// Logits, bias and replay start on an element boundary of their dtype (a misaligned element access faults on the
+// GPU and is undefined on the CPU); sizes and strides in elements keep every later element aligned too.
+TEST(RoutingValidate, PointersAlignedToTheirElements) {
+  ArgsFixture a;
+  char* base = reinterpret_cast<char*>(a.buf.data());
+  auto expected = [](const char* name, const void* p, int bytes, const char* dtype) {
+    return fmt::format("moekit::route: {}.data ({:#x}) must be {}-byte aligned (its {} elements)", name,
+                       reinterpret_cast<uintptr_t>(p), bytes, dtype);
+  };
+  a.logits = TensorView::contiguous(base + 2, DType::f32, {4, 8});
+  EXPECT_EQ(a.error(), expected("logits", base + 2, 4, "fp32"));
+  a.logits = TensorView::contiguous(base + 2, DType::bf16, {4, 8});  // 2 bytes in: a bf16 boundary
+  EXPECT_EQ(a.error(), "no throw");
+  a.logits = TensorView::contiguous(base + 1, DType::bf16, {4, 8});
+  EXPECT_EQ(a.error(), expected("logits", base + 1, 2, "bf16"));
+  a.logits = TensorView::contiguous(a.buf.data(), DType::f32, {4, 8});
+  a.bias = TensorView::contiguous(base + 128 + 2, DType::f32, {8});
+  EXPECT_EQ(a.error(), expected("bias", base + 130, 4, "fp32"));
+  a.bias = TensorView::contiguous(base + 128 + 1, DType::bf16, {8});
+  EXPECT_EQ(a.error(), expected("bias", base + 129, 2, "bf16"));
+  a.bias = TensorView::contiguous(base + 128 + 2, DType::bf16, {8});
+  EXPECT_EQ(a.error(), "no throw");
+  char* replay_base = reinterpret_cast<char*>(a.replay_buf.data());
+  a.replay = TensorView::contiguous(replay_base + 1, DType::i16, {4, 2});
+  EXPECT_EQ(a.error(), expected("replay", replay_base + 1, 2, "int16"));
+  // The reference checks the same rules (route() on a CPU plan validates before it reads).
+  RoutePlan plan({4, 8, 2, 0, 4}, Device::cpu());
+  EXPECT_EQ(error_of([&] {
+              route(a.cfg, TensorView::contiguous(base + 2, DType::f32, {4, 8}), {}, plan);
+            }),
+            expected("logits", base + 2, 4, "fp32"));
 }
 
 TEST(RoutingValidate, ReferenceValidatesItsArguments) {

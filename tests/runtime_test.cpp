@@ -8,10 +8,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <string>
+#include <utility>
 
 #include "error_of.h"
 #include "fake_runner.h"
@@ -213,6 +216,11 @@ TEST(Lifecycle, ChecksTheRoutingBiasAgainstTheSpec) {
   bad.routing_bias = TensorView::contiguous(nullptr, DType::f32, {8});
   EXPECT_EQ(error_of<InvalidArgument>([&] { r.build(bad, 4); }),
             "moekit::layer: routing_bias.data (null) must be non-null");
+  char* misaligned = reinterpret_cast<char*>(bias.data()) + 2;
+  bad.routing_bias = TensorView::contiguous(misaligned, DType::f32, {8});
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.build(bad, 4); }),
+            fmt::format("moekit::layer: routing_bias.data ({:#x}) must be 4-byte aligned (its fp32 elements)",
+                        reinterpret_cast<uintptr_t>(misaligned)));
   EXPECT_EQ(r.builds, 0);
   r.build(with, 4);
   EXPECT_EQ(r.builds, 1);
@@ -422,6 +430,32 @@ TEST(QuantConfig, NamesAndRules) {
   q.activation_format = static_cast<ActivationFormat>(255);
   EXPECT_EQ(error_of<InvalidArgument>([&] { q.validate(); }),
             "moekit::quant: activation_format (255) must be a known activation format");
+}
+
+// A moved-from layer holds nothing: every call names that instead of dereferencing it; the layer it moved into runs.
+TEST(MoELayerConfig, AMovedFromLayerRefusesEveryCall) {
+  const LayerSpec spec = small_spec();
+  HostWeights w(spec);
+  HostInputs in(spec, 2);
+  Autotuner tuner(CacheMetadata{"0.1.0", "cpu", 1, 0});
+  MoELayer from(spec.experts, spec.routing, spec.quant, w.views,
+                {.backends = {"reference"}, .max_tokens = 8, .tuner = &tuner});
+  MoELayer to(std::move(from));
+  const std::string moved = "moekit::layer: this MoELayer holds no runner (it was moved from)";
+  EXPECT_EQ(error_of<InvalidArgument>([&] { from.forward(in.views.hidden, in.views.logits, in.views.out); }), moved);
+  EXPECT_EQ(error_of<InvalidArgument>([&] { from.choice(2); }), moved);
+  EXPECT_EQ(error_of<InvalidArgument>([&] { from.spec(); }), moved);
+  EXPECT_EQ(error_of<InvalidArgument>([&] { from.runner(); }), moved);
+  EXPECT_EQ(error_of<InvalidArgument>([&] { from.backend(); }), moved);
+  EXPECT_EQ(error_of<InvalidArgument>([&] { from.verdicts(); }), moved);
+  EXPECT_EQ(error_of<InvalidArgument>([&] { from.max_tokens(); }), moved);
+  const int64_t tokens[] = {2};
+  EXPECT_EQ(error_of<InvalidArgument>([&] { from.tune(tokens); }), moved);
+  to.forward(in.views.hidden, in.views.logits, in.views.out);
+  EXPECT_EQ(to.backend(), "reference");
+  EXPECT_EQ(to.max_tokens(), 8);
+  from = std::move(to);  // assigning to a moved-from layer makes it whole again
+  EXPECT_EQ(from.backend(), "reference");
 }
 
 TEST(MoELayerConfig, ContractErrorsAreNeverHiddenByBackendFiltering) {

@@ -92,6 +92,7 @@ class CudaExperts {
   /// Throws InvalidArgument, NotSupported (no CUDA build, no sm90 device at args.device), CudaError.
   explicit CudaExperts(const CudaExpertsArgs& args);
   ~CudaExperts();
+  /// A moved-from object owns nothing: its members but destruction and assignment throw InvalidArgument.
   CudaExperts(CudaExperts&&) noexcept;
   CudaExperts& operator=(CudaExperts&&) noexcept;
   CudaExperts(const CudaExperts&) = delete;
@@ -120,6 +121,7 @@ class CudaExperts {
 
  private:
   struct Impl;
+  const Impl& impl() const;  // throws InvalidArgument for a moved-from object
   std::unique_ptr<Impl> impl_;
 };
 

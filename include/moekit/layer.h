@@ -272,6 +272,7 @@ class MoELayer {
   MoELayer(const ExpertConfig& experts, const RoutingConfig& routing, const QuantConfig& quant,
            const LayerWeights& weights, const LayerOptions& options);
   ~MoELayer();
+  /// A moved-from layer holds nothing: its members but destruction and assignment throw InvalidArgument.
   MoELayer(MoELayer&&) noexcept;
   MoELayer& operator=(MoELayer&&) noexcept;
 
@@ -304,6 +305,7 @@ class MoELayer {
 
  private:
   struct State;
+  State& state() const;  // throws InvalidArgument for a moved-from layer
   std::unique_ptr<State> state_;
 };
 

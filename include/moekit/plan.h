@@ -103,7 +103,9 @@ void build_plan_reference(int64_t tokens, RoutePlanView& plan);
 
 /// Routes `logits` [T, E] into `plan`: top-k ids and weights, then the whole plan, and the replay rows.
 /// On a CPU plan this runs the reference; on a CUDA plan it is one kernel launch on `stream`, with no allocation
-/// and no host synchronization (capturable in a CUDA graph). Inputs must live on the plan's device. The kernel
+/// and no host synchronization (capturable in a CUDA graph), on the plan's GPU whichever device is current (the
+/// caller's current device is restored; `stream` must belong to the plan's GPU). Inputs must live on the plan's
+/// device, each starting on a multiple of its element size. The kernel
 /// lets programmatic dependents start early: a kernel launched after it with programmatic stream serialization
 /// must execute griddepcontrol.wait (cudaGridDependencySynchronize) before it reads the plan.
 /// Throws InvalidArgument (validate_route_args, a moved-from plan, or a plan shape that does not match cfg),

@@ -268,6 +268,8 @@ void route(const RoutingConfig& cfg, const TensorView& logits, const TensorView&
 #if MOEKIT_HAS_CUDA
   const int64_t capacity =
       plan_capacity(logits.size(0), cfg.num_experts, cfg.top_k, cfg.num_shared_experts, shape.block);
+  // The launch goes to the plan's GPU whichever device is current (and the caller's stays current afterwards).
+  const detail::CurrentDeviceScope on_plan_device(plan.device().index, "route");
   detail::route_cuda(cfg, logits, bias, view, capacity, stream, replay);
 #else
   (void)stream;

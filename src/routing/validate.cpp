@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -41,8 +42,15 @@ void check_device(const char* name, const TensorView& v, Device device) {
                      device_name(device)));
 }
 
+// Non-null where the view has elements, and aligned to its element size: the router and the reference read and
+// write elements in place, and a misaligned access faults on the GPU (which loses the context) and is undefined on
+// the CPU.
 void check_data(const char* name, const TensorView& v) {
   if (v.numel() > 0 && v.data == nullptr) fail(fmt::format("{}.data (null) must be non-null", name));
+  const auto address = reinterpret_cast<uintptr_t>(v.data);
+  if (const int size = dtype_size(v.dtype); address % size != 0)
+    fail(fmt::format("{}.data ({:#x}) must be {}-byte aligned (its {} elements)", name, address, size,
+                     dtype_name(v.dtype)));
 }
 
 void validate_bias(const RoutingConfig& cfg, const TensorView& bias, Device device) {

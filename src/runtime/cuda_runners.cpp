@@ -11,8 +11,10 @@
 #include <array>
 #include <climits>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "moekit/device.h"
@@ -177,6 +179,13 @@ class CudaBf16Runner final : public Runner {
   }
 
   void do_execute(const LayerInputs& in, const TacticPair& tactics, Stream stream) override {
+    // The experts read and write whole rows with 16-byte accesses (TMA, vector loads). CudaExperts::run checks
+    // this too, but only after route() has written the plan and the caller's replay rows: a call the experts
+    // would refuse fails here, before anything is written.
+    for (const auto& [view, name] : {std::pair{&in.hidden, "hidden"}, std::pair{&in.out, "out"}})
+      if (const auto address = reinterpret_cast<uintptr_t>(view->data); address % 16 != 0)
+        throw InvalidArgument(
+            "layer", fmt::format("{}.data ({:#x}) must be 16-byte aligned (runner 'cuda_bf16')", name, address));
     DeviceScope scope(device().index);
     route(spec().routing, in.logits, routing_bias_, *plan_, stream, in.replay);
     experts_->run(*plan_, in.hidden, in.out, stream, ExpertTactic{tactics.gemm1, tactics.gemm2});

@@ -94,9 +94,14 @@ MoELayer::~MoELayer() = default;
 MoELayer::MoELayer(MoELayer&&) noexcept = default;
 MoELayer& MoELayer::operator=(MoELayer&&) noexcept = default;
 
+MoELayer::State& MoELayer::state() const {
+  if (!state_) throw InvalidArgument("layer", "this MoELayer holds no runner (it was moved from)");
+  return *state_;
+}
+
 void MoELayer::forward(const TensorView& hidden, const TensorView& logits, const TensorView& out, Stream stream,
                        const TensorView& replay) {
-  State& s = *state_;
+  State& s = state();
   const LayerInputs in{hidden, logits, out, replay};
   validate_layer_inputs(s.spec, in, s.max_tokens, s.runner->device());
   const int64_t tokens = hidden.shape[0];
@@ -105,27 +110,29 @@ void MoELayer::forward(const TensorView& hidden, const TensorView& logits, const
 }
 
 std::vector<TuneResult> MoELayer::tune(std::span<const int64_t> tokens, const TuneOptions& options) {
-  return state_->tuner->tune(*state_->runner, state_->spec, tokens, options);
+  State& s = state();
+  return s.tuner->tune(*s.runner, s.spec, tokens, options);
 }
 
 TacticChoice MoELayer::choice(int64_t tokens) const {
-  return state_->tuner->choose(*state_->runner, state_->spec, tokens);
+  State& s = state();
+  return s.tuner->choose(*s.runner, s.spec, tokens);
 }
 
 const LayerSpec& MoELayer::spec() const {
-  return state_->spec;
+  return state().spec;
 }
 Runner& MoELayer::runner() {
-  return *state_->runner;
+  return *state().runner;
 }
 std::string_view MoELayer::backend() const {
-  return state_->runner->name();
+  return state().runner->name();
 }
 const std::vector<BackendVerdict>& MoELayer::verdicts() const {
-  return state_->verdicts;
+  return state().verdicts;
 }
 int64_t MoELayer::max_tokens() const {
-  return state_->max_tokens;
+  return state().max_tokens;
 }
 
 }  // namespace moekit

@@ -704,6 +704,15 @@ TEST(CudaExperts, RejectsBadArguments) {
   } catch (const InvalidArgument& e) {
     EXPECT_EQ(std::string(e.what()), "moekit::experts: plan tokens (5) must be <= max_tokens (4)");
   }
+  // A moved-from object owns nothing and says so; the one it moved into keeps the workspace.
+  CudaExperts moved_into(std::move(small));
+  try {
+    small.run(dplan, hv, ov);
+    ADD_FAILURE() << "no exception from a moved-from object";
+  } catch (const InvalidArgument& e) {
+    EXPECT_EQ(std::string(e.what()), "moekit::experts: this CudaExperts owns no workspace (it was moved from)");
+  }
+  EXPECT_EQ(moved_into.max_tokens(), 4);
 }
 
 TEST(CudaExperts, DefaultTacticIsDeterministicAndValid) {
@@ -717,8 +726,8 @@ TEST(CudaExperts, DefaultTacticIsDeterministicAndValid) {
   CudaExperts layer({c.cfg, dw.view, 16384, 64, Device::cuda(0)});
   const int n = static_cast<int>(cuda_expert_gemm_tactics().size());
   for (int64_t t : {1, 16, 64, 256, 1024, 4096, 16384}) {
-    const ExpertTactic a = layer.default_tactic(t), b = layer.default_tactic(t);
-    EXPECT_EQ(a, b);
+    const ExpertTactic a = layer.default_tactic(t);
+    EXPECT_EQ(a, cuda_expert_default_tactic(c.cfg, t));  // the member is the free heuristic on its config
     EXPECT_TRUE(a.gemm1 >= 0 && a.gemm1 < n && a.gemm2 >= 0 && a.gemm2 < n) << t;
   }
   // Decode sizes (<= 4 tokens at ~1 row per expert) take the GEMV, large batches a grouped GEMM.

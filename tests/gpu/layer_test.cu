@@ -347,7 +347,8 @@ TEST_F(GpuLayer, LifecycleOnTheGpu) {
   // More tokens than built for is an error; a rebuild for more tokens serves them.
   in.refill(rng_, 128);
   const LayerInputs big{in.gpu_hidden(128), in.gpu_logits(128), in.gpu_out(128), {}};
-  EXPECT_NE(error_of<InvalidArgument>([&] { r->execute(big, pair); }), testing::kNoThrow);
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r->execute(big, pair); }),
+            "moekit::layer: tokens (128) must be <= max_tokens (16)");
   r->build(w.gpu, 128);
   in.poison_out(128);
   r->execute(big, r->default_tactics(128));
@@ -358,6 +359,31 @@ TEST_F(GpuLayer, LifecycleOnTheGpu) {
             "moekit::layer: runner 'cuda_bf16': tactics.gemm2 (99) must be in [0, " +
                 std::to_string(cuda_expert_gemm_tactics().size()) + ")");
   EXPECT_GT(r->time_tactics(pair, 64), 0.0);
+
+  // Rows that do not start on 16 bytes are refused before route() writes anything: the replay rows stay as they
+  // were. (bf16 rows 2 bytes in are valid views with elements aligned to their size.)
+  DeviceBuffer replay_buf(16 * s.routing.top_k * 2);
+  const std::vector<int16_t> marks(static_cast<size_t>(16 * s.routing.top_k), int16_t{-7});
+  replay_buf.upload(marks.data(), marks.size() * 2);
+  const TensorView replay =
+      TensorView::contiguous(replay_buf.data(), DType::i16, {16, s.routing.top_k}, Device::cuda(0));
+  char* shifted = static_cast<char*>(in.gpu_hidden(16).data) + 2;
+  LayerInputs misaligned{TensorView::contiguous(shifted, DType::bf16, {15, s.experts.hidden}, Device::cuda(0)),
+                         in.gpu_logits(15), in.gpu_out(15), replay};
+  auto refusal = [](const char* name, const void* p) {  // the library formats the address as fmt's {:#x}
+    char address[32];
+    std::snprintf(address, sizeof address, "%#llx", static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(p)));
+    return std::string("moekit::layer: ") + name + ".data (" + address +
+           ") must be 16-byte aligned (runner 'cuda_bf16')";
+  };
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r->execute(misaligned, pair); }), refusal("hidden", shifted));
+  char* shifted_out = static_cast<char*>(in.gpu_out(16).data) + 2;
+  misaligned.hidden = in.gpu_hidden(15);
+  misaligned.out = TensorView::contiguous(shifted_out, DType::bf16, {15, s.experts.hidden}, Device::cuda(0));
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r->execute(misaligned, pair); }), refusal("out", shifted_out));
+  std::vector<int16_t> after(marks.size());
+  replay_buf.download(after.data(), after.size() * 2);
+  EXPECT_EQ(after, marks);
 }
 
 TEST_F(GpuLayer, DefaultTacticsBeforeAndAfterBuildAgree) {

@@ -404,14 +404,19 @@ CudaExperts::~CudaExperts() = default;
 CudaExperts::CudaExperts(CudaExperts&&) noexcept = default;
 CudaExperts& CudaExperts::operator=(CudaExperts&&) noexcept = default;
 
+const CudaExperts::Impl& CudaExperts::impl() const {
+  if (!impl_) throw InvalidArgument("experts", "this CudaExperts owns no workspace (it was moved from)");
+  return *impl_;
+}
+
 const ExpertConfig& CudaExperts::config() const {
-  return impl_->cfg;
+  return impl().cfg;
 }
 int64_t CudaExperts::max_tokens() const {
-  return impl_->max_tokens;
+  return impl().max_tokens;
 }
 int64_t CudaExperts::workspace_bytes() const {
-  return impl_->bytes;
+  return impl().bytes;
 }
 
 ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens) {
@@ -429,12 +434,12 @@ ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens) {
 }
 
 ExpertTactic CudaExperts::default_tactic(int64_t tokens) const {
-  return cuda_expert_default_tactic(impl_->cfg, tokens);
+  return cuda_expert_default_tactic(impl().cfg, tokens);
 }
 
 void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const TensorView& out, Stream stream,
                       ExpertTactic tactic) const {
-  const Impl& m = *impl_;
+  const Impl& m = impl();
   const ExpertConfig& c = m.cfg;
   const PlanShape& ps = plan.shape();
   const RoutePlanView& pv = plan.view();
