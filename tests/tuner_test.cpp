@@ -323,6 +323,7 @@ TEST(StagedTuning, ADriftDuringTheSearchDoesNotReplaceTheDefaultWithAnEqualPair)
     EXPECT_EQ(res.best, (TacticPair{0, 0})) << "drift " << drift;
     EXPECT_EQ(res.entry.gemm1_shortlist, (std::vector<std::string>{"g1_1", "g1_2"}));
     EXPECT_EQ(res.timed_configs, 3 + 3 + 3 * 5 + 1);
+    ASSERT_EQ(res.final_stage.size(), 4u);
     for (const FinalStageTiming& f : res.final_stage)  // a linear drift cancels in the bracketed ratios
       EXPECT_NEAR(f.ratio, paired_cost(f.tactics, 2.0) / 10.0, 1e-12) << "drift " << drift;
   }
@@ -573,6 +574,7 @@ TEST(StagedTuning, TimesOnTheGivenLogitsAndThenGoesBackToTheSynthetic) {
   for (const void* p : r->timed_logits) EXPECT_EQ(p, logits.data());
   EXPECT_EQ(r->timing_logits_sets, (std::vector<const void*>{logits.data(), nullptr}));
   EXPECT_EQ(r->timing_logits, nullptr);
+  ASSERT_EQ(tuner.size(), 2u);  // one entry per bucket, so the loops below check both
   for (const auto& [key, e] : tuner.entries()) EXPECT_EQ(e.routing, "given") << key;
   // Without logits the timings stay on the synthetic ones and nothing is set.
   r->timing_logits_sets.clear();
@@ -581,6 +583,7 @@ TEST(StagedTuning, TimesOnTheGivenLogitsAndThenGoesBackToTheSynthetic) {
   ASSERT_EQ(r->timed_logits.size(), 2u * 19);
   for (const void* p : r->timed_logits) EXPECT_EQ(p, nullptr);
   EXPECT_TRUE(r->timing_logits_sets.empty());
+  ASSERT_EQ(tuner.size(), 2u);
   for (const auto& [key, e] : tuner.entries()) EXPECT_EQ(e.routing, "synthetic") << key;
   // A request the cache answers times nothing and does not touch the logits.
   tuner.tune(*r, small_spec(), tokens, {.logits = view});

@@ -1,4 +1,4 @@
-// Shared by the GPU tests: the skip where device 0 is not an sm90 GPU, and the run's random seed.
+// Shared by the GPU tests: the skip (or failure) where device 0 is not an sm90 GPU, and the run's random seed.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -10,11 +10,22 @@
 
 #include "moekit/device.h"
 
-/// Skips the current test where device 0 is not an sm90 GPU; `why` says what needs one.
-#define MOEKIT_SKIP_WITHOUT_SM90(why) \
-  if (!::moekit::device_is_sm90(0)) GTEST_SKIP() << "no sm90 GPU: " << (why)
+/// Skips the current test where device 0 is not an sm90 GPU, or fails it where the run requires one
+/// (test::gpu_required()); `why` says what needs one.
+#define MOEKIT_SKIP_WITHOUT_SM90(why)                                                                      \
+  if (!::moekit::device_is_sm90(0)) {                                                                      \
+    if (::moekit::test::gpu_required()) FAIL() << "no sm90 GPU, and MOEKIT_REQUIRE_GPU is set: " << (why); \
+    GTEST_SKIP() << "no sm90 GPU: " << (why);                                                              \
+  }
 
 namespace moekit::test {
+
+/// True where MOEKIT_REQUIRE_GPU is set to anything but "" or "0" (scripts/gpu-check.sh sets it): on a machine meant
+/// to run the GPU tests, a missing or unusable GPU then fails them instead of passing them as skipped.
+inline bool gpu_required() {
+  const char* env = std::getenv("MOEKIT_REQUIRE_GPU");
+  return env != nullptr && env[0] != '\0' && !(env[0] == '0' && env[1] == '\0');
+}
 
 /// The run's random seed: MOEKIT_TEST_SEED where set, else a fresh one. Printed once, with `name`, so that a failing
 /// run can be replayed.

@@ -18,6 +18,7 @@
 #include <tuple>
 #include <vector>
 
+#include "gpu/gpu_test.h"
 #include "moekit/device.h"
 #include "moekit/plan.h"
 #include "moekit/routing.h"
@@ -32,9 +33,9 @@ void ck(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
 }
 
+// The run's seed (test::run_seed: MOEKIT_TEST_SEED where set, else a fresh one); each case derives its own from it.
 uint64_t base_seed() {
-  const char* s = std::getenv("MOEKIT_TEST_SEED");
-  return s ? std::strtoull(s, nullptr, 10) : 20240611ull;
+  return test::run_seed("gpu route_test");
 }
 
 // lane_crowded: the experts one warp lane holds in the router's register layout (lane 3 of every 32*V block, V = 4
@@ -113,7 +114,7 @@ void poison_plan(const RoutePlanView& v) {
   // fill_device_bytes waits for every stream before and after: a plain cudaMemset is not ordered before a route()
   // on a non-blocking stream, and could land after it.
   fill_device_bytes(v.topk_ids, 0xa5, n * 4);
-  fill_device_bytes(v.topk_weights, 0xff, n * 4);  // NaN
+  fill_device_bytes(v.topk_weights, 0xa5, n * 4);  // -2.9e-16: finite, so a NaN row's weights must be written
   fill_device_bytes(v.expert_counts, 0xa5, s.groups() * 4);
   fill_device_bytes(v.expert_offsets, 0xa5, (s.groups() + 1) * 4);
   fill_device_bytes(v.sorted_slots, 0xa5, cap * 4);
@@ -132,11 +133,16 @@ template <class T>
   return ::testing::AssertionSuccess();
 }
 
+// Weights within `tol` relative of the reference; NaN only against NaN (sigmoid(NaN) on both sides), an infinite
+// reference only by the same infinity.
 ::testing::AssertionResult close(const std::vector<float>& got, const std::vector<float>& want, double tol = 1e-6) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "topk_weights: size " << got.size() << " vs " << want.size();
   for (size_t i = 0; i < got.size(); ++i) {
     const double d = std::fabs(static_cast<double>(got[i]) - want[i]);
-    const bool both_nan = std::isnan(got[i]) && std::isnan(want[i]);  // sigmoid(NaN) on both sides
-    if (!(d <= tol * std::fabs(static_cast<double>(want[i]))) && !(got[i] == want[i]) && !both_nan)
+    const bool both_nan = std::isnan(got[i]) && std::isnan(want[i]);
+    const bool within = std::isinf(want[i]) ? got[i] == want[i] : d <= tol * std::fabs(static_cast<double>(want[i]));
+    if (!within && !(got[i] == want[i]) && !both_nan)
       return ::testing::AssertionFailure() << "topk_weights[" << i << "] = " << got[i] << ", reference " << want[i]
                                            << " (relative " << d / std::fabs(want[i]) << ")";
   }
@@ -286,10 +292,7 @@ TensorView logits_view(void* data, const Case& c, int64_t tokens, int64_t stride
 
 class GpuRoute : public ::testing::Test {
  protected:
-  void SetUp() override {
-    if (cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device: the fused router needs an sm_90 GPU";
-    if (!device_is_sm90(0)) GTEST_SKIP() << "device 0 is not sm_90 (Hopper): moekit kernels target sm_90a";
-  }
+  void SetUp() override { MOEKIT_SKIP_WITHOUT_SM90("the fused router's kernels target sm_90a"); }
 };
 
 // Routes case `c` on the GPU (into `plan`, already allocated) and on the CPU, and compares everything. `pairs`:

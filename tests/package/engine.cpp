@@ -31,7 +31,7 @@ extern "C" int moekit_consumer_differences() {
   int differences = 0;
   for (int i = 0; i < 6; ++i) {
     if (p.topk_ids[i] != ids[i]) ++differences;
-    if (std::fabs(p.topk_weights[i] - weights[i]) > 1e-6f) ++differences;
+    if (!(std::fabs(p.topk_weights[i] - weights[i]) <= 1e-6f)) ++differences;  // NaN counts as a difference
   }
   for (int e = 0; e < 4; ++e)
     if (p.expert_counts[e] != counts[e]) ++differences;
