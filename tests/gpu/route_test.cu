@@ -839,6 +839,31 @@ void graph_replay_with_new_logits() {
   ck(cudaStreamDestroy(stream), "stream destroy");
 }
 
+// route() launches on the plan's GPU whichever device is current, and leaves the caller's device current.
+TEST_F(GpuRoute, RoutesOnThePlansGpuWhicheverDeviceIsCurrent) {
+  if (cuda_device_count() < 2 || !device_is_sm90(1)) GTEST_SKIP() << "needs a second sm90 GPU";
+  Case c{"on_device_1", make_routing_config(RoutingMethod::softmax_topk, 128, 8, 0, true), 200, 16};
+  const Inputs in = make_inputs(c, base_seed() + 3000);
+  const PlanShape shape{c.tokens, 128, 8, 0, 16};
+  RoutePlan plan(shape, Device::cuda(1));
+  DeviceBuffer d_logits(static_cast<size_t>(c.tokens * in.stride * 4), 1);
+  d_logits.upload(in.logits.data(), in.logits.size() * 4);
+  ck(cudaSetDevice(0), "cudaSetDevice(0)");
+  route(c.cfg, logits_view(d_logits.data(), c, c.tokens, in.stride, Device::cuda(1)), {}, plan);
+  int current = -1;
+  ck(cudaGetDevice(&current), "cudaGetDevice");
+  EXPECT_EQ(current, 0);
+  device_synchronize(1);
+  const PlanHost got = read_plan(plan.view(), c.tokens, true);
+  RoutePlan ref(shape, Device::cpu());
+  std::vector<float> hl = in.logits;
+  route(c.cfg, logits_view(hl.data(), c, c.tokens, in.stride, Device::cpu()), {}, ref);
+  const PlanHost want = read_plan(ref.view(), c.tokens, false);
+  EXPECT_TRUE(same("topk_ids", got.ids, want.ids));
+  EXPECT_TRUE(close(got.weights, want.weights));
+  expect_same_plan(got, want);
+}
+
 TEST_F(GpuRoute, GraphReplayWithNewLogits) {
   for (detail::RoutePairs pairs : {detail::RoutePairs::heuristic, detail::RoutePairs::always}) {
     SCOPED_TRACE(pairs == detail::RoutePairs::always ? "pairs always" : "pairs by the heuristic");
