@@ -27,7 +27,8 @@
 // - Routing replay: optional int16 [R, K] contiguous buffer, R >= T; row t receives token t's K routed ids in slot
 //   order; rows >= T are not touched. Requires E < 32768.
 // - Arithmetic is fp32; sigmoid and exp use moekit's own portable functions so that keys are bitwise identical on
-//   every backend.
+//   every backend. So a softmax_topk term more than about 87 below the row's max (an expert only the bias can
+//   select) is 0 or subnormal, and K such terms renormalized stay 0 (their sum is zero).
 #pragma once
 
 #include <cstdint>

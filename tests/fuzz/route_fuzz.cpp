@@ -6,12 +6,15 @@
 //
 // Built as the libFuzzer binary route_fuzzer with clang (-DMOEKIT_BUILD_FUZZERS=ON), and always into the smoke test
 // Fuzz.RouteOnRandomInputs (fuzz_test.cpp), which feeds it seeded random inputs under ctest.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -43,6 +46,17 @@ float logit_value(Bytes& in) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
+}
+
+/// Values in [-80, 80], the range where check_weights() holds a row's weights to the contract: ties, signed zeros,
+/// subnormals, the sigmoid's exact-division edge, or any value of that range.
+float tame_logit_value(Bytes& in) {
+  static const float kPalette[] = {0.0f, -0.0f, 1.0f,  -1.0f, 0.5f,   2.0f,    -2.0f, -69.5f,
+                                   3.0f, -3.0f, 0.25f, 1e-7f, 1e-40f, -1e-40f, 16.0f, 80.0f};
+  constexpr int kPaletteSize = sizeof(kPalette) / sizeof(kPalette[0]);
+  const int c = in.pick(kPaletteSize + 8);
+  if (c < kPaletteSize) return kPalette[c];
+  return -80.0f + 160.0f * static_cast<float>(in.u32() >> 8) / static_cast<float>(1u << 24);
 }
 
 /// Which sizes a field takes: mostly small and valid, sometimes the limits and just past them.
@@ -267,13 +281,19 @@ void check_weights(const RoutingConfig& cfg, const std::vector<float>& logits, i
                              cfg.method != RoutingMethod::llama4 && sum != 0.0;
     // A renormalized sum that cancels (pre_scored's signed scores) magnifies fp32 rounding without bound: skipped.
     if (renormalize && std::abs(sum) < 0.25 * abs_sum) continue;
+    // The contract's arithmetic is fp32: a softmax_topk term more than ~87 below the row's max (a selection the bias
+    // made) is 0 or subnormal there, and a renormalized set of such terms is 0 (their fp32 sum is zero) or coarse.
+    // The header states it; this double-precision table does not model it: skipped.
+    if (cfg.method == RoutingMethod::softmax_topk && cfg.renormalize &&
+        std::any_of(w.begin(), w.end(), [](double p) { return p < std::numeric_limits<float>::min(); }))
+      continue;
     for (int j = 0; j < K; ++j) {
       const double want = (renormalize ? w[j] / sum : w[j]) * cfg.routed_scaling_factor;
       const double got = weights[t * Kt + j];
       require(std::abs(got - want) <= 2e-5 * std::abs(want) + 1e-6 * cfg.routed_scaling_factor * (1.0 + abs_sum),
-              "token " + std::to_string(t) + " slot " + std::to_string(j) + ": weight " + std::to_string(got) +
-                  ", the contract gives " + std::to_string(want) + " (method " +
-                  std::to_string(static_cast<int>(cfg.method)) + ")");
+              fmt::format(
+                  "token {} slot {}: weight {:.9g}, the contract gives {:.9g} (method {}, scale {:g}, E {}, K {})", t,
+                  j, got, want, static_cast<int>(cfg.method), cfg.routed_scaling_factor, E, K));
     }
   }
 }
@@ -287,8 +307,12 @@ void run_case(const Case& c, Bytes& in) {
   // Buffers sized for what each view describes, so that only a rule the validation misses can read out of bounds.
   const size_t elem = c.logits_dtype == DType::bf16 ? 2 : 4;
   std::vector<unsigned char> logits_buf(static_cast<size_t>(std::max<int64_t>(T * stride, 1)) * elem);
+  // A quarter of the rows tame (every value in [-80, 80]): a row of E wild values is rarely all in range, and only
+  // such rows have their weights checked.
+  bool tame = false;
   for (int64_t i = 0; i < T * stride; ++i) {
-    const float f = logit_value(in);
+    if (i % stride == 0) tame = in.chance(25);
+    const float f = tame ? tame_logit_value(in) : logit_value(in);
     if (elem == 2) {
       const uint16_t b = float_to_bf16(f);
       std::memcpy(logits_buf.data() + i * 2, &b, 2);
