@@ -87,6 +87,18 @@ TEST(TensorView, ContiguousShapeAndStrides) {
   }
 }
 
+TEST(TensorView, StartsAlignedLooksAtTheDataAddress) {
+  alignas(16) unsigned char buf[64] = {};
+  const TensorView at16 = TensorView::contiguous(buf, DType::f32, {4});
+  EXPECT_TRUE(at16.starts_aligned(16));
+  EXPECT_TRUE(at16.starts_aligned(4));
+  const TensorView at2 = TensorView::contiguous(buf + 2, DType::bf16, {4});
+  EXPECT_TRUE(at2.starts_aligned(2));
+  EXPECT_FALSE(at2.starts_aligned(4));
+  EXPECT_FALSE(TensorView::contiguous(buf + 4, DType::f32, {4}).starts_aligned(16));
+  EXPECT_FALSE(TensorView::contiguous(buf + 1, DType::i16, {4}).starts_aligned(2));
+}
+
 TEST(TensorView, OverlapsComparesTheBytesTheElementsSpan) {
   float buf[32];
   const TensorView a = TensorView::contiguous(buf, DType::f32, {2, 4});  // bytes [0, 32)

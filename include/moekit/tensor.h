@@ -54,6 +54,11 @@ struct TensorView {
   int64_t numel() const;
   /// Row-major without gaps (a dimension of size 1 may have any stride).
   bool is_contiguous() const;
+  /// Whether `data` is a multiple of `bytes` (a power of two): element accesses need their size, TMA and vector
+  /// loads 16.
+  bool starts_aligned(int64_t bytes) const {
+    return reinterpret_cast<uintptr_t>(data) % static_cast<uintptr_t>(bytes) == 0;
+  }
   /// "[3, 8] bf16 cuda:0"
   std::string describe() const;
   /// Whether the bytes this view's elements span (from its lowest element to its highest) share a byte with

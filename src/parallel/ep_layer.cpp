@@ -145,7 +145,7 @@ void EpLayer::forward(const TensorView& hidden, const TensorView& logits, const 
   const int64_t T = hidden.present() ? hidden.size(0) : -1, H = m.local.hidden;
   auto check_rows = [&](const TensorView& v, std::string_view name) {
     const bool ok = v.present() && v.ndim == 2 && v.size(0) == T && v.size(1) == H && v.dtype == DType::bf16 &&
-                    v.is_contiguous() && v.device == dev && reinterpret_cast<uintptr_t>(v.data) % 16 == 0;
+                    v.is_contiguous() && v.device == dev && v.starts_aligned(16);
     if (!ok)
       throw InvalidArgument("ep", fmt::format("{} ({}) must be [T, H] = [{}, {}] bf16 contiguous, 16-byte aligned, "
                                               "on {}",

@@ -270,7 +270,7 @@ void route(const RoutingConfig& cfg, const TensorView& logits, const TensorView&
       plan_capacity(logits.size(0), cfg.num_experts, cfg.top_k, cfg.num_shared_experts, shape.block);
   // The launch goes to the plan's GPU whichever device is current (and the caller's stays current afterwards).
   const detail::CurrentDeviceScope on_plan_device(plan.device().index, "route");
-  detail::route_cuda(cfg, logits, bias, view, capacity, stream, replay);
+  detail::route_cuda(cfg, logits, bias, view, capacity, stream, replay, plan.device().index);
 #else
   (void)stream;
   throw NotSupported("route", fmt::format("plan device ({}) is not available: moekit was built without CUDA",

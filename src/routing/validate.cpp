@@ -47,10 +47,9 @@ void check_device(const char* name, const TensorView& v, Device device) {
 // the CPU.
 void check_data(const char* name, const TensorView& v) {
   if (v.numel() > 0 && v.data == nullptr) fail(fmt::format("{}.data (null) must be non-null", name));
-  const auto address = reinterpret_cast<uintptr_t>(v.data);
-  if (const int size = dtype_size(v.dtype); address % size != 0)
-    fail(fmt::format("{}.data ({:#x}) must be {}-byte aligned (its {} elements)", name, address, size,
-                     dtype_name(v.dtype)));
+  if (!v.starts_aligned(dtype_size(v.dtype)))
+    fail(fmt::format("{}.data ({:#x}) must be {}-byte aligned (its {} elements)", name,
+                     reinterpret_cast<uintptr_t>(v.data), dtype_size(v.dtype), dtype_name(v.dtype)));
 }
 
 void validate_bias(const RoutingConfig& cfg, const TensorView& bias, Device device) {

@@ -183,9 +183,9 @@ class CudaBf16Runner final : public Runner {
     // this too, but only after route() has written the plan and the caller's replay rows: a call the experts
     // would refuse fails here, before anything is written.
     for (const auto& [view, name] : {std::pair{&in.hidden, "hidden"}, std::pair{&in.out, "out"}})
-      if (const auto address = reinterpret_cast<uintptr_t>(view->data); address % 16 != 0)
-        throw InvalidArgument(
-            "layer", fmt::format("{}.data ({:#x}) must be 16-byte aligned (runner 'cuda_bf16')", name, address));
+      if (!view->starts_aligned(16))
+        throw InvalidArgument("layer", fmt::format("{}.data ({:#x}) must be 16-byte aligned (runner 'cuda_bf16')",
+                                                   name, reinterpret_cast<uintptr_t>(view->data)));
     DeviceScope scope(device().index);
     route(spec().routing, in.logits, routing_bias_, *plan_, stream, in.replay);
     experts_->run(*plan_, in.hidden, in.out, stream, ExpertTactic{tactics.gemm1, tactics.gemm2});

@@ -49,9 +49,10 @@ void check_weights(const LayerSpec& spec, const LayerWeights& w, Device device) 
     throw InvalidArgument("layer", fmt::format("routing_bias.device ({}) must be the layer device ({})",
                                                device_name(bias.device), device_name(device)));
   if (bias.data == nullptr) throw InvalidArgument("layer", "routing_bias.data (null) must be non-null");
-  if (const auto address = reinterpret_cast<uintptr_t>(bias.data); address % dtype_size(bias.dtype) != 0)
-    throw InvalidArgument("layer", fmt::format("routing_bias.data ({:#x}) must be {}-byte aligned (its {} elements)",
-                                               address, dtype_size(bias.dtype), dtype_name(bias.dtype)));
+  if (!bias.starts_aligned(dtype_size(bias.dtype)))
+    throw InvalidArgument(
+        "layer", fmt::format("routing_bias.data ({:#x}) must be {}-byte aligned (its {} elements)",
+                             reinterpret_cast<uintptr_t>(bias.data), dtype_size(bias.dtype), dtype_name(bias.dtype)));
 }
 
 }  // namespace

@@ -249,7 +249,7 @@ void cuda_check(cudaError_t err, std::string_view call) {
 }
 
 void check_aligned(const TensorView& t, std::string_view name) {
-  if (t.present() && reinterpret_cast<uintptr_t>(t.data) % 16 != 0)
+  if (t.present() && !t.starts_aligned(16))
     throw InvalidArgument("experts", fmt::format("{} data ({}) must be 16-byte aligned", name, t.data));
 }
 
@@ -315,9 +315,9 @@ CudaExperts::CudaExperts(const CudaExpertsArgs& a) : impl_(std::make_unique<Impl
   validate_expert_weights(a.config, a.weights, a.device);
   check_aligned(a.weights.w13, "w13");
   check_aligned(a.weights.w2, "w2");
-  if (a.weights.b13.present() && reinterpret_cast<uintptr_t>(a.weights.b13.data) % 4 != 0)
+  if (a.weights.b13.present() && !a.weights.b13.starts_aligned(4))
     throw InvalidArgument("experts", fmt::format("b13 data ({}) must be 4-byte aligned", a.weights.b13.data));
-  if (a.weights.b2.present() && reinterpret_cast<uintptr_t>(a.weights.b2.data) % 4 != 0)
+  if (a.weights.b2.present() && !a.weights.b2.starts_aligned(4))
     throw InvalidArgument("experts", fmt::format("b2 data ({}) must be 4-byte aligned", a.weights.b2.data));
   if (a.max_tokens < 1) throw InvalidArgument("experts", fmt::format("max_tokens ({}) must be >= 1", a.max_tokens));
   if (a.block < 1 || a.block > kMaxBlock)

@@ -15,9 +15,10 @@ namespace moekit::detail {
 /// Fills `plan` (device buffers) for logits [T, E] with one kernel launch on `stream` (a cudaStream_t) and
 /// sets plan.tokens = T. `capacity` is plan_capacity() for T: the rows of sorted_slots (and, / B, the entries of
 /// block_experts) the call writes. No allocation, no host synchronization. Throws CudaError if the launch fails.
-/// Uses plan.workspace (route_cuda_workspace_ints() int32, zeroed when RoutePlan allocated it).
+/// Uses plan.workspace (route_cuda_workspace_ints() int32, zeroed when RoutePlan allocated it). `device` is the
+/// plan's CUDA device, which the caller has made current.
 void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const TensorView& bias, RoutePlanView& plan,
-                int64_t capacity, Stream stream, const TensorView& replay);
+                int64_t capacity, Stream stream, const TensorView& replay, int device);
 
 /// int32 elements of device workspace the fused router needs for a plan of this shape. The memory must be zeroed
 /// once when it is allocated (every call leaves it ready for the next).

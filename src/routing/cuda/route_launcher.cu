@@ -185,7 +185,7 @@ bool route_cuda_pairs_pay(bool sigmoid_grouped, int64_t tokens, int ctas, int sm
 }
 
 void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const TensorView& bias, RoutePlanView& plan,
-                int64_t capacity, Stream stream, const TensorView& replay) {
+                int64_t capacity, Stream stream, const TensorView& replay, int device) {
   auto* s = static_cast<cudaStream_t>(stream);
   const int64_t T = logits.size(0);
   const int E = cfg.num_experts;
@@ -228,8 +228,6 @@ void route_cuda(const RoutingConfig& cfg, const TensorView& logits, const Tensor
   p.replay = replay.present() ? static_cast<int16_t*>(replay.data) : nullptr;
 
   const bool shared_groups = p.grouped && p.group_lanes == 0;
-  int device = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
   // Grid (see the heuristic's constants): one CTA while every warp has at most one token (no grid barrier, no
   // cross-CTA scan); above, a few tokens per CTA: fewer busy warps per SM shorten each token's latency (the per-token
   // path is a dependent chain stalled on fixed latencies, not on issue). The co-resident bound depends on the shared
