@@ -146,6 +146,12 @@ TEST(RoutingTiny, BiasChangesTheSelectionNotTheWeights) {
   EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 0}));
   const double s = std::exp(-2.0) + 1 + std::exp(-1.0) + std::exp(-2.5);
   expect_weights(r.weights, {std::exp(-1.0) / s, std::exp(-2.0) / s});
+  // Renormalized softmax_topk is the softmax over the selected logits: here the bias passes over the row's max,
+  // 200 above them, against which each selected term would underflow fp32 (the weights would all be 0).
+  r = route(make_routing_config(RoutingMethod::softmax_topk, 4, 2, 0, true), {200, 0, -1, 3}, {-1000, 0, 0, 0});
+  EXPECT_EQ(r.ids, (std::vector<int32_t>{3, 1}));
+  const double z3 = 1 + std::exp(-3.0);
+  expect_weights(r.weights, {1 / z3, std::exp(-3.0) / z3});
   // topk_softmax: the softmax runs over the selected unbiased logits.
   r = route(make_routing_config(RoutingMethod::topk_softmax, 4, 2), {1, 3, 2, 0.5f}, {0, -3, 0, 0});
   EXPECT_EQ(r.ids, (std::vector<int32_t>{2, 0}));

@@ -2,7 +2,8 @@
 // (DESIGN §3). The semantics below are the contract every backend implements bit-for-bit in its ids.
 //
 //   method           selection key (before bias)   weight of a selected expert
-//   softmax_topk     logit (softmax is monotonic)  softmax(logits)[e] over all E; / sum over the K if renormalize
+//   softmax_topk     logit (softmax is monotonic)  softmax(logits)[e] over all E; if renormalize, the softmax over
+//                                                  the K selected logits (that sum's value in exact arithmetic)
 //   topk_softmax     logit                         softmax over the K selected logits
 //   sigmoid_grouped  sigmoid(logit)                sigmoid(logit); / sum over the K if renormalize
 //   llama4 (K = 1)   logit                         sigmoid(logit)
@@ -15,20 +16,22 @@
 // - Order: higher key first; equal keys go to the lower expert id (groups: the lower group id). A NaN key ranks
 //   below every number (as -inf, and after a real -inf).
 // - routed_scaling_factor multiplies every routed weight (after renormalization) for every method.
-// - Renormalization (softmax_topk, sigmoid_grouped, pre_scored) divides by the sum of the K routed weights when
-//   that sum is non-zero; topk_softmax weights already sum to 1 and llama4 (K = 1) ignores the flag.
+// - Renormalization divides sigmoid_grouped and pre_scored weights by the sum of the K routed weights when that sum
+//   is non-zero; softmax_topk takes the softmax over the K selected logits instead, so that no selected term is lost
+//   to an fp32 underflow against a row max the bias left unselected; topk_softmax weights already sum to 1 and
+//   llama4 (K = 1) ignores the flag.
 // - Where the experts apply a weight is theirs to say: Llama-4 scales the expert's input by it, not its output
 //   (ExpertConfig::routing_weight_on_input, set by the llama4-scout preset).
 // - Non-finite logits have defined weights, the same on every backend. A softmax term is exp(l - max), with the max
-//   over the non-NaN logits (of the row for softmax_topk, of the K selected for topk_softmax): a NaN logit weighs
-//   0, +inf logits share the mass equally (each term is exp(0) = 1), a row of only -inf is uniform, and a row of only
-//   NaN weighs 0 everywhere. sigmoid(+inf) = 1, sigmoid(-inf) = 0, sigmoid(NaN) = NaN; a pre_scored NaN stays NaN.
+//   over the non-NaN logits (of the row for softmax_topk, of the K selected for topk_softmax and renormalized
+//   softmax_topk): a NaN logit weighs 0, +inf logits share the mass equally (each term is exp(0) = 1), a row of only
+//   -inf is uniform, and a row of only NaN weighs 0 everywhere. sigmoid(+inf) = 1, sigmoid(-inf) = 0,
+//   sigmoid(NaN) = NaN; a pre_scored NaN stays NaN.
 // - Fused shared experts: slots K..K+S-1 get ids E..E+S-1 and weight exactly 1.0f.
 // - Routing replay: optional int16 [R, K] contiguous buffer, R >= T; row t receives token t's K routed ids in slot
 //   order; rows >= T are not touched. Requires E < 32768.
 // - Arithmetic is fp32; sigmoid and exp use moekit's own portable functions so that keys are bitwise identical on
-//   every backend. So a softmax_topk term more than about 87 below the row's max (an expert only the bias can
-//   select) is 0 or subnormal, and K such terms renormalized stay 0 (their sum is zero).
+//   every backend.
 #pragma once
 
 #include <cstdint>

@@ -57,6 +57,15 @@ float nan_aware_max(float a, float b) {
   return b > a ? b : a;
 }
 
+// w[j] = the softmax over the K selected logits logit[ids[j]], summed in slot order.
+void softmax_of_selected(const float* logit, const int32_t* ids, int K, float* w) {
+  float max = -INFINITY;
+  for (int j = 0; j < K; ++j) max = nan_aware_max(max, logit[ids[j]]);
+  float sum = 0.0f;
+  for (int j = 0; j < K; ++j) sum = rm::add(sum, softmax_term(logit[ids[j]], max));
+  for (int j = 0; j < K; ++j) w[j] = sum != 0.0f ? rm::div(softmax_term(logit[ids[j]], max), sum) : 0.0f;
+}
+
 // Selects the topk_group best groups into `kept` (kept[g] = true). Group score: sum of the group's two best keys
 // by packed order (its one key when a group has a single expert); groups are ordered by packed_key(score, g).
 void keep_groups(const RoutingConfig& cfg, const float* key, bool* kept) {
@@ -112,6 +121,12 @@ void route_token(const RouteArgs& a, int64_t t) {
 
   switch (m) {
     case RoutingMethod::softmax_topk: {
+      // Renormalized, the weights are the softmax over the K selected logits (topk_softmax's arithmetic): the same
+      // value in exact arithmetic, with no term lost to an underflow against a max the bias left unselected.
+      if (cfg.renormalize) {
+        softmax_of_selected(logit, ids, K, w);
+        break;
+      }
       float max = -INFINITY;
       for (int e = 0; e < E; ++e) max = nan_aware_max(max, logit[e]);
       // The oracle sums the E terms in double, rounded once: a sequential fp32 sum over 512 terms drifts by
@@ -122,14 +137,9 @@ void route_token(const RouteArgs& a, int64_t t) {
       for (int j = 0; j < K; ++j) w[j] = sum != 0.0f ? rm::div(softmax_term(logit[ids[j]], max), sum) : 0.0f;
       break;
     }
-    case RoutingMethod::topk_softmax: {
-      float max = -INFINITY;
-      for (int j = 0; j < K; ++j) max = nan_aware_max(max, logit[ids[j]]);
-      float sum = 0.0f;  // slot order
-      for (int j = 0; j < K; ++j) sum = rm::add(sum, softmax_term(logit[ids[j]], max));
-      for (int j = 0; j < K; ++j) w[j] = sum != 0.0f ? rm::div(softmax_term(logit[ids[j]], max), sum) : 0.0f;
+    case RoutingMethod::topk_softmax:
+      softmax_of_selected(logit, ids, K, w);
       break;
-    }
     case RoutingMethod::sigmoid_grouped:
     case RoutingMethod::llama4:
       for (int j = 0; j < K; ++j) w[j] = rm::sigmoid(logit[ids[j]]);
@@ -139,9 +149,8 @@ void route_token(const RouteArgs& a, int64_t t) {
       break;
   }
 
-  // topk_softmax is normalized already and llama4 (K = 1) keeps its raw sigmoid, so renormalize leaves them be.
-  const bool renormalize = cfg.renormalize && (m == RoutingMethod::softmax_topk ||
-                                               m == RoutingMethod::sigmoid_grouped || m == RoutingMethod::pre_scored);
+  // Softmax weights are normalized already and llama4 (K = 1) keeps its raw sigmoid, so renormalize leaves them be.
+  const bool renormalize = cfg.renormalize && (m == RoutingMethod::sigmoid_grouped || m == RoutingMethod::pre_scored);
   if (renormalize) {
     float sum = 0.0f;  // slot order
     for (int j = 0; j < K; ++j) sum = rm::add(sum, w[j]);

@@ -73,9 +73,10 @@ struct Case {
   int64_t stride_pad = 0;  // row stride = E + stride_pad
   bool replay = true;
   Dist dist = Dist::normal;
-  int ctas = 0;          // forced grid size, 0 = heuristic
-  int row0 = 0;          // the distribution's first row: nan and special pick their rows' kind by row index
-  bool general = false;  // calls of one token per warp through the general kernel instance (RouteCudaTuning)
+  int ctas = 0;           // forced grid size, 0 = heuristic
+  int row0 = 0;           // the distribution's first row: nan and special pick their rows' kind by row index
+  bool general = false;   // calls of one token per warp through the general kernel instance (RouteCudaTuning)
+  float hot_bias = 0.0f;  // added to expert 5's bias (with Dist::hot: a row max that the selection passes over)
 };
 
 // Host-side copy of one plan's fields for T tokens.
@@ -256,6 +257,7 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
     in.bias.resize(E);
     for (float& v : in.bias) v = c.bias_dtype == DType::bf16 ? round_to_bf16(b(rng)) : b(rng);
     in.bias16.resize(E);
+    if (c.hot_bias != 0.0f) in.bias[5] += c.hot_bias;
     for (int e = 0; e < E; ++e) in.bias16[e] = float_to_bf16(in.bias[e]);
   }
   return in;
@@ -531,6 +533,16 @@ std::vector<Case> cases() {
   {
     Case c{"one_hot_expert", make_routing_config(M::softmax_topk, 512, 4), 4096, 128};
     c.dist = Dist::hot;
+    add(c);
+  }
+  // Renormalized softmax_topk where the bias passes over the row's max, 100 above the rest: every selected term
+  // of the full-row softmax underflows fp32; the contract's weights (the softmax over the selected) do not.
+  for (auto [E, dtype] : {std::pair{96, DType::f32}, std::pair{512, DType::bf16}}) {
+    Case c{"hot_max_unselected_e" + std::to_string(E), make_routing_config(M::softmax_topk, E, 6, 1, true), 300, 16,
+           dtype};
+    c.dist = Dist::hot;
+    c.bias = true;
+    c.hot_bias = -1000.0f;
     add(c);
   }
   add({"empty_experts_e1000", make_routing_config(M::topk_softmax, 1000, 2), 3, 256});

@@ -644,9 +644,11 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
   float w = 0.0f;
   switch (method) {
     case RoutingMethod::softmax_topk:
-      w = routed ? softmax_term(raw, row_max) : 0.0f;
-      if (!p.renormalize) w = denom != 0.0f ? rm::div(w, denom) : 0.0f;
-      break;
+      if (!p.renormalize) {
+        w = routed && denom != 0.0f ? rm::div(softmax_term(raw, row_max), denom) : 0.0f;
+        break;
+      }
+      [[fallthrough]];  // renormalized: the softmax over the K selected logits, as the contract computes it
     case RoutingMethod::topk_softmax: {
       const uint32_t om = __reduce_max_sync(tm.mask, routed ? rm::ordered_key(raw) : 0u);
       const float m = om == 0 ? -__int_as_float(0x7f800000) : from_ordered(om);
@@ -663,8 +665,8 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
       w = routed ? rm::sigmoid(raw) : 0.0f;
       break;
   }
-  // topk_softmax is normalized already and llama4 (K = 1) keeps its sigmoid: renormalize leaves them be.
-  if (p.renormalize && method != RoutingMethod::topk_softmax && method != RoutingMethod::llama4) {
+  // Softmax weights are normalized already and llama4 (K = 1) keeps its sigmoid: renormalize leaves them be.
+  if (p.renormalize && (method == RoutingMethod::sigmoid_grouped || method == RoutingMethod::pre_scored)) {
     const float sum = sum_first_lanes(routed ? w : 0.0f, K, tm.mask);
     if (sum != 0.0f) w = rm::div(w, sum);
   }
