@@ -562,6 +562,7 @@ TEST_F(GpuLayer, TunesOnGivenLogits) {
   const std::vector<TuneResult> res = tuner_.tune(*r, s, tokens, {.logits = hot});
   ASSERT_EQ(res.size(), 2u);
   for (const TuneResult& t : res) {
+    EXPECT_EQ(t.entry.routing, "given");
     EXPECT_GT(t.timed_configs, 0);
     EXPECT_GT(t.entry.seconds, 0.0);
     EXPECT_GT(t.entry.default_seconds, 0.0);
