@@ -9,6 +9,7 @@
 #   MOE_TOKENS=1,16 PARTS=bench ...               a shorter token list for bench moe
 #   MOE_ARGS=--cublas PARTS=bench ...             more bench moe arguments (--cublas: the cuBLAS batched reference)
 #   DEADLINE_S=480 ...                            steps that would start later than 480 s in are skipped
+#   SKIP="racecheck_gpu_experts bench_moe_deepseek-v3" ...   the named steps are skipped
 # Each step's result line is printed as it finishes and appended to $OUT_DIR/summary.md, so a run cut short still
 # tells which steps passed. NCCL's NVLink multicast stays off (NCCL_NVLS_ENABLE=0). Exit status: 0 when every step
 # passed (a skipped step counts as failed).
@@ -38,6 +39,11 @@ record() {
 step() {
   local name="$1"
   shift
+  if [[ " ${SKIP:-} " == *" $name "* ]]; then
+    record "| $name | SKIPPED (SKIP) | |"
+    failed=1
+    return
+  fi
   if [[ -n "$deadline" ]] && ((SECONDS >= deadline)); then
     record "| $name | SKIPPED (past DEADLINE_S=$deadline at ${SECONDS} s) | |"
     failed=1
