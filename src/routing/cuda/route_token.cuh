@@ -558,10 +558,11 @@ __device__ __forceinline__ uint32_t route_token(const RouteParams& p, int64_t t,
   }
 
   // softmax_topk's row max over non-NaN logits and full-row denominator: computed without a branch in every
-  // logit-keyed instance, so that its reductions overlap the first offer scan below (other methods ignore them);
-  // in the 32-value instances after the rounds, when the keys' registers are free. Columns past E hold -inf, so
-  // neither the max (fmaxf skips NaN) nor the sum needs a mask; a NaN logit, or a row max of +-inf, makes the sum
-  // NaN, and only then (uniformly) is it redone with the exact conventions: NaN terms 0, the max's terms 1.
+  // logit-keyed instance, so that its reductions overlap the first offer scan below (other methods, and softmax_topk
+  // renormalized, ignore them); in the 32-value instances after the rounds, when the keys' registers are free.
+  // Columns past E hold -inf, so neither the max (fmaxf skips NaN) nor the sum needs a mask; a NaN logit, or a row
+  // max of +-inf, makes the sum NaN, and only then (uniformly) is it redone with the exact conventions: NaN terms 0,
+  // the max's terms 1.
   float row_max = 0.0f, denom = 1.0f;
   auto softmax_stats = [&] {
     float lane_max = -__int_as_float(0x7f800000);
