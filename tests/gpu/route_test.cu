@@ -256,8 +256,8 @@ Inputs make_inputs(const Case& c, uint64_t seed) {
     std::normal_distribution<float> b(0.0f, 0.05f);
     in.bias.resize(E);
     for (float& v : in.bias) v = c.bias_dtype == DType::bf16 ? round_to_bf16(b(rng)) : b(rng);
-    in.bias16.resize(E);
     if (c.hot_bias != 0.0f) in.bias[5] += c.hot_bias;
+    in.bias16.resize(E);
     for (int e = 0; e < E; ++e) in.bias16[e] = float_to_bf16(in.bias[e]);
   }
   return in;
