@@ -301,7 +301,7 @@ TEST(Cli, BenchMoeRejectsBadArgumentsFirst) {
 // at T = 16384 the cooperative 128x256 tiles (whose GEMM1 applies the activation itself only for interleaved w13),
 // and --gate-up changes the layout the heuristic sees.
 TEST(Cli, TacticsPrintsTheTableAndTheDefaultPicks) {
-  CliRun r = run_cli("tactics --preset qwen3-30b-a3b --tokens 1,16384");
+  CliRun r = run_cli("tactics --preset qwen3-30b-a3b --tokens 1,16384 --gpu h200");
   if (!moekit::built_with_cuda()) {
     EXPECT_EQ(r.status, 1);
     EXPECT_NE(r.output.find("no CUDA support"), std::string::npos) << r.output;
@@ -312,7 +312,8 @@ TEST(Cli, TacticsPrintsTheTableAndTheDefaultPicks) {
   EXPECT_NE(r.output.find("| 5 | sm90_swap_ab_cooperative_32x128x64 | grouped | 32 x 128 x 64 | yes |"),
             std::string::npos)
       << r.output;
-  EXPECT_NE(r.output.find("default picks for qwen3-30b-a3b (w13 gate_first; routed rows per expert = T * 8 / 128"),
+  EXPECT_NE(r.output.find("default picks for qwen3-30b-a3b on the h200 rules (w13 gate_first; routed rows per expert "
+                          "= T * 8 / 128"),
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("| 1 | 0.06 | 0 gemv_8rows | 0 gemv_8rows | in GEMM1 |"), std::string::npos) << r.output;
@@ -327,8 +328,30 @@ TEST(Cli, TacticsPrintsTheTableAndTheDefaultPicks) {
                            "in GEMM1 |"),
             std::string::npos)
       << il.output;
+  // --gpu picks the rules: mixtral's 1024 rows per expert take 128x256 on the H100's, 64x256 on the H200's.
+  for (const auto& [gpu, row] :
+       {std::pair<const char*, const char*>{"h100",
+                                            "| 4096 | 1024.00 | 3 sm90_cooperative_128x256x64 "
+                                            "| 3 sm90_cooperative_128x256x64 | separate pass |"},
+        {"h200",
+         "| 4096 | 1024.00 | 4 sm90_pingpong_64x256x64 | 4 sm90_pingpong_64x256x64 | "
+         "in GEMM1 |"}}) {
+    CliRun g = run_cli(std::string("tactics --preset mixtral-8x7b --tokens 4096 --gpu ") + gpu);
+    ASSERT_EQ(g.status, 0) << g.output;
+    EXPECT_NE(g.output.find(std::string("on the ") + gpu + " rules"), std::string::npos) << g.output;
+    EXPECT_NE(g.output.find(row), std::string::npos) << g.output;
+  }
+  CliRun au = run_cli("tactics --preset mixtral-8x7b --tokens 4096");  // auto: device 0's rules, h200's without one
+  ASSERT_EQ(au.status, 0) << au.output;
+  if (moekit::cuda_device_count() == 0)
+    EXPECT_NE(au.output.find("on the h200 rules"), std::string::npos) << au.output;
+  else
+    EXPECT_TRUE(au.output.find("on the h200 rules") != std::string::npos ||
+                au.output.find("on the h100 rules") != std::string::npos)
+        << au.output;
   for (const auto& [args, message] :
        {std::pair<const char*, const char*>{"--preset gpt-5", "unknown preset 'gpt-5'"},
+        {"--preset qwen3-30b-a3b --gpu a100", "--gpu ('a100') must be auto, h200 or h100"},
         {"--preset qwen3-30b-a3b --tokens 4,0", "token list entry '0' must be a positive integer"},
         {"--preset qwen3-30b-a3b --gate-up diagonal", "unknown gate_up layout 'diagonal'"}}) {
     CliRun bad = run_cli(std::string("tactics ") + args);

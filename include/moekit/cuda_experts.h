@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "moekit/bench.h"
+#include "moekit/device.h"
 #include "moekit/experts.h"
 #include "moekit/plan.h"
 #include "moekit/tensor.h"
@@ -66,13 +67,32 @@ struct ExpertTactic {
   friend bool operator==(const ExpertTactic&, const ExpertTactic&) = default;
 };
 
-/// The tactic the default heuristic picks for `config` at T tokens: a table keyed on the expected rows per active
-/// expert, T, the size of one expert's GEMM1 weights, the number of routed experts, the routed rows per expert
-/// (T * top_k / num_experts), the number of shared experts and w13's gate/up arrangement (some bands of rows per
-/// expert pick other tiles for interleaved w13 than for gate-first / up-first w13, whose fused gated epilogue exists
-/// on fewer tiles). `moekit tactics --preset NAME [--gate-up LAYOUT]` prints the picks. Deterministic, needs no
-/// device (the tuner asks before anything is built); every field >= 0.
-ExpertTactic cuda_expert_default_tactic(const ExpertConfig& config, int64_t tokens);
+/// The GPU whose measured rules the default heuristic applies. The rules were fitted on an H200 (peak DRAM 4.92 TB/s,
+/// 37 GB/s per SM); where paired runs on an H100 SXM (3.35 TB/s, 25 GB/s per SM) favoured other tiles (the
+/// cooperative 128x256 tile, which reads fewer bytes per FLOP, on large experts), rules for h100 come first.
+enum class TacticGpu : uint8_t {
+  h200,  // the rules fitted on an H200; every GPU with at least kLeanDramPerSm of DRAM bandwidth per SM
+  h100,  // the H100 SXM's rules first, then the H200's; GPUs with less
+};
+
+/// Peak DRAM bytes per second per SM below which a GPU takes TacticGpu::h100: between the H100 SXM's 25.4 GB/s and
+/// the H200's 37.3 GB/s (an H100 NVL or a GH200 with HBM3, 29-30 GB/s, falls on the H100 side; neither measured).
+inline constexpr double kLeanDramPerSm = 31e9;
+
+/// The rules for the device `info` describes: h100 where peak_dram_bytes_per_s(info) / info.sm_count is below
+/// kLeanDramPerSm, h200 otherwise, and where the memory clock, bus width or SM count is unknown (0).
+TacticGpu tactic_gpu_of(const DeviceInfo& info);
+
+/// "h200" or "h100".
+std::string_view tactic_gpu_name(TacticGpu gpu);
+
+/// The tactic the default heuristic picks for `config` at T tokens on a `gpu`: a table keyed on the GPU's rules, the
+/// expected rows per active expert, T, the size of one expert's GEMM1 weights, the number of routed experts, the
+/// routed rows per expert (T * top_k / num_experts), the number of shared experts and w13's gate/up arrangement (some
+/// bands of rows per expert pick other tiles for interleaved w13 than for gate-first / up-first w13, whose fused
+/// gated epilogue exists on fewer tiles). `moekit tactics --preset NAME [--gate-up LAYOUT] [--gpu h100]` prints the
+/// picks. Deterministic, needs no device (the tuner asks before anything is built); every field >= 0.
+ExpertTactic cuda_expert_default_tactic(const ExpertConfig& config, int64_t tokens, TacticGpu gpu);
 
 struct CudaExpertsArgs {
   ExpertConfig config;
@@ -109,8 +129,10 @@ class CudaExperts {
   void run(const RoutePlan& plan, const TensorView& hidden, const TensorView& out, Stream stream = nullptr,
            ExpertTactic tactic = {}) const;
 
-  /// cuda_expert_default_tactic(config(), tokens).
+  /// cuda_expert_default_tactic(config(), tokens, tactic_gpu()).
   ExpertTactic default_tactic(int64_t tokens) const;
+  /// tactic_gpu_of(device_info()) of the object's device, taken at construction.
+  TacticGpu tactic_gpu() const;
 
   /// The config the object was built for.
   const ExpertConfig& config() const;

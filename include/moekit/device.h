@@ -15,10 +15,17 @@ struct DeviceInfo {
   int sm_count = 0;
   long long global_mem_bytes = 0;
   int l2_bytes = 0;
+  int memory_clock_khz = 0;  // peak DRAM clock
+  int memory_bus_bits = 0;   // DRAM bus width
   int max_smem_per_block_optin = 0;
   int cuda_runtime_version = 0;  // e.g. 13000
   int driver_version = 0;
 };
+
+/// The peak DRAM bandwidth of `info` in bytes per second: 2 transfers per clock of memory_clock_khz over
+/// memory_bus_bits (an H100 SXM: 2619 MHz x 5120 bits, 3.35 TB/s; an H200: 3201 MHz x 6144 bits, 4.92 TB/s); 0 where
+/// either field is 0.
+double peak_dram_bytes_per_s(const DeviceInfo& info);
 
 /// True when this build of moekit contains CUDA kernels.
 bool built_with_cuda();

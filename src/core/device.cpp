@@ -55,10 +55,18 @@ DeviceInfo device_info(int index) {
   info.global_mem_bytes = static_cast<long long>(p.totalGlobalMem);
   info.l2_bytes = p.l2CacheSize;
   info.max_smem_per_block_optin = static_cast<int>(p.sharedMemPerBlockOptin);
+  if (cudaDeviceGetAttribute(&info.memory_clock_khz, cudaDevAttrMemoryClockRate, index) != cudaSuccess ||
+      cudaDeviceGetAttribute(&info.memory_bus_bits, cudaDevAttrGlobalMemoryBusWidth, index) != cudaSuccess)
+    throw CudaError("device_info",
+                    fmt::format("cudaDeviceGetAttribute({}) of the memory clock or bus failed", index));
   cudaRuntimeGetVersion(&info.cuda_runtime_version);
   cudaDriverGetVersion(&info.driver_version);
 #endif
   return info;
+}
+
+double peak_dram_bytes_per_s(const DeviceInfo& info) {
+  return 2.0 * 1e3 * info.memory_clock_khz * (info.memory_bus_bits / 8.0);
 }
 
 bool device_is_sm90(int index) {

@@ -139,7 +139,9 @@ class CudaBf16Runner final : public Runner {
   Support do_check_support(const LayerSpec& spec, Device device) override {
     release_build();  // a new check undoes the build: its workspace and weights belonged to the previous spec
     synthetic_.clear();
-    return check_cuda_bf16(spec, device);
+    Support s = check_cuda_bf16(spec, device);
+    if (s.ok) tactic_gpu_ = tactic_gpu_of(device_info(device.index));
+    return s;
   }
 
   void do_build(const LayerWeights& weights, int64_t max_tokens) override {
@@ -234,7 +236,7 @@ class CudaBf16Runner final : public Runner {
   }
 
   TacticPair do_default_tactics(int64_t tokens) const override {
-    const ExpertTactic t = cuda_expert_default_tactic(spec().experts, tokens);
+    const ExpertTactic t = cuda_expert_default_tactic(spec().experts, tokens, tactic_gpu_);
     return {t.gemm1, t.gemm2};
   }
 
@@ -333,6 +335,7 @@ class CudaBf16Runner final : public Runner {
   }
 
   int block_ = 64;
+  TacticGpu tactic_gpu_ = TacticGpu::h200;  // the default heuristic's rules for the checked device
   std::optional<RoutePlan> plan_;
   std::optional<CudaExperts> experts_;
   TensorView routing_bias_{};

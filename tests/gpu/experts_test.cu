@@ -727,9 +727,10 @@ TEST(CudaExperts, DefaultTacticIsDeterministicAndValid) {
   const int n = static_cast<int>(cuda_expert_gemm_tactics().size());
   for (int64_t t : {1, 16, 64, 256, 1024, 4096, 16384}) {
     const ExpertTactic a = layer.default_tactic(t);
-    EXPECT_EQ(a, cuda_expert_default_tactic(c.cfg, t));  // the member is the free heuristic on its config
+    EXPECT_EQ(a, cuda_expert_default_tactic(c.cfg, t, layer.tactic_gpu()));  // the free heuristic on its config
     EXPECT_TRUE(a.gemm1 >= 0 && a.gemm1 < n && a.gemm2 >= 0 && a.gemm2 < n) << t;
   }
+  EXPECT_EQ(layer.tactic_gpu(), tactic_gpu_of(device_info(0)));
   // Decode sizes (<= 4 tokens at ~1 row per expert) take the GEMV, large batches a grouped GEMM.
   EXPECT_EQ(cuda_expert_gemm_tactics()[layer.default_tactic(1).gemm1].kind, GemmKernelKind::gemv);
   EXPECT_EQ(cuda_expert_gemm_tactics()[layer.default_tactic(4096).gemm1].kind, GemmKernelKind::grouped);
@@ -872,7 +873,7 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
     ExpertConfig cfg = find_preset(p.preset).experts;
     if (p.gate_up == GateUpLayout::interleaved) cfg.gate_up = p.gate_up;
     if (p.intermediate != 0) cfg.intermediate = p.intermediate;
-    const ExpertTactic t = cuda_expert_default_tactic(cfg, p.tokens);
+    const ExpertTactic t = cuda_expert_default_tactic(cfg, p.tokens, TacticGpu::h200);
     const std::string where = std::string(p.preset) + " T=" + std::to_string(p.tokens) +
                               " I=" + std::to_string(cfg.intermediate) + " " +
                               std::string(gate_up_layout_name(cfg.gate_up));
@@ -881,6 +882,80 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
     EXPECT_EQ(tactics[t.gemm1].name, p.tactic) << where;
     EXPECT_EQ(tactics[t.gemm2].name, p.gemm2 != nullptr ? p.gemm2 : p.tactic) << where;
   }
+}
+
+// The rules a device gets: the H100 SXM's and GPUs with as little DRAM bandwidth per SM take h100's, the H200 and
+// anything the fields do not describe h200's (host code only).
+TEST(CudaExpertsHeuristic, TacticGpuFollowsDramBandwidthPerSm) {
+  auto gpu = [](int clock_khz, int bus_bits, int sms) {
+    DeviceInfo d;
+    d.memory_clock_khz = clock_khz;
+    d.memory_bus_bits = bus_bits;
+    d.sm_count = sms;
+    return tactic_gpu_of(d);
+  };
+  EXPECT_NEAR(peak_dram_bytes_per_s(DeviceInfo{.memory_clock_khz = 2619000, .memory_bus_bits = 5120}), 3.352e12, 1e9);
+  EXPECT_EQ(gpu(2619000, 5120, 132), TacticGpu::h100);  // H100 SXM: 25.4 GB/s per SM
+  EXPECT_EQ(gpu(3201000, 6144, 132), TacticGpu::h200);  // H200: 37.3 GB/s per SM
+  EXPECT_EQ(gpu(2619000, 6144, 132), TacticGpu::h100);  // 30.5 GB/s per SM
+  EXPECT_EQ(gpu(2619000, 6144, 78), TacticGpu::h200);   // 51.6 GB/s per SM
+  EXPECT_EQ(gpu(0, 5120, 132), TacticGpu::h200);        // unknown clock
+  EXPECT_EQ(gpu(2619000, 0, 132), TacticGpu::h200);     // unknown bus
+  EXPECT_EQ(gpu(2619000, 5120, 0), TacticGpu::h200);    // unknown SM count
+  EXPECT_EQ(tactic_gpu_name(TacticGpu::h100), "h100");
+  EXPECT_EQ(tactic_gpu_name(TacticGpu::h200), "h200");
+}
+
+// Where paired runs on an H100 favoured other tiles, its picks differ from the H200's; elsewhere they are the same
+// (host code only).
+TEST(CudaExpertsHeuristic, H100RulesOverrideOnlyWhereMeasured) {
+  const std::span<const GemmTacticInfo> tactics = cuda_expert_gemm_tactics();
+  auto names = [&](const char* preset, int64_t tokens, TacticGpu gpu) {
+    const ExpertTactic t = cuda_expert_default_tactic(find_preset(preset).experts, tokens, gpu);
+    return std::string(tactics[t.gemm1].name) + " / " + std::string(tactics[t.gemm2].name);
+  };
+  const std::string large = "sm90_cooperative_128x256x64 / sm90_cooperative_128x256x64";
+  const std::string small = "sm90_pingpong_64x256x64 / sm90_pingpong_64x256x64";
+  const std::string swap96 = "sm90_swap_ab_cooperative_96x256x64 / sm90_swap_ab_cooperative_96x256x64";
+  struct Cell {
+    const char* preset;
+    int64_t tokens;
+    const std::string& h100;
+    const std::string& h200;
+  };
+  const Cell cells[] = {
+      // Experts of at least kLargeExpert from 192 routed rows per expert: 128x256 on the H100.
+      {"mixtral-8x7b", 764, small, small},    // 191 rows
+      {"mixtral-8x7b", 765, large, small},    // 192 rows
+      {"mixtral-8x7b", 4096, large, small},   // 1024 rows
+      {"mixtral-8x7b", 12284, large, small},  // 3071 rows
+      {"mixtral-8x7b", 16384, large, large},  // 4096 rows
+      {"llama4-scout", 3056, small, small},   // 191 rows
+      {"llama4-scout", 3057, large, small},   // 192 rows
+      {"llama4-scout", 16384, large, small},  // 1024 rows
+      {"deepseek-v3", 6112, small, small},    // 191 rows
+      {"deepseek-v3", 6113, large, small},    // 192 rows
+      {"deepseek-v3", 8192, large, small},    // 256 rows
+      {"deepseek-v3", 16384, large, large},   // 512 rows
+      // Experts of kMidExpert to kLargeExpert (gpt-oss) at 56-72 rows: 128x256 on the H100, swapped 96x256 above.
+      {"gpt-oss-120b", 1760, small, small},    // 55 rows
+      {"gpt-oss-120b", 1761, large, small},    // 56 rows
+      {"gpt-oss-120b", 2048, large, small},    // 64 rows
+      {"gpt-oss-120b", 2304, large, swap96},   // 72 rows
+      {"gpt-oss-120b", 2305, swap96, swap96},  // 73 rows
+      // Smaller experts: unchanged.
+      {"qwen3-30b-a3b", 4096, small, small},    // 256 rows
+      {"qwen3-next-80b", 16384, small, small},  // 320 rows
+  };
+  for (const Cell& c : cells) {
+    const std::string where = std::string(c.preset) + " T=" + std::to_string(c.tokens);
+    EXPECT_EQ(names(c.preset, c.tokens, TacticGpu::h100), c.h100) << where;
+    EXPECT_EQ(names(c.preset, c.tokens, TacticGpu::h200), c.h200) << where;
+  }
+  // Below the bands the rules agree, GEMV and swapped tiles included.
+  for (const char* preset : {"mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3", "qwen3-next-80b", "gpt-oss-120b"})
+    for (int64_t t : {1, 4, 16, 64, 256})
+      EXPECT_EQ(names(preset, t, TacticGpu::h100), names(preset, t, TacticGpu::h200)) << preset << " T=" << t;
 }
 
 // Which GEMM1 tactics apply b13 + the activation themselves, per w13 arrangement (host code only): the GEMV always,

@@ -11,6 +11,7 @@
 #include "cli_util.h"
 #include "commands.h"
 #include "moekit/cuda_experts.h"
+#include "moekit/device.h"
 #include "moekit/error.h"
 #include "moekit/experts.h"
 #include "moekit/presets.h"
@@ -22,13 +23,25 @@ struct TacticsCli {
   std::string preset;
   std::string tokens = "1,16,64,256,1024,4096,16384";
   std::string gate_up;
+  std::string gpu = "auto";
 };
+
+#if MOEKIT_HAS_CUDA
+// --gpu: h200 | h100, or auto: device 0's rules where there is a GPU, else h200's.
+TacticGpu parse_tactic_gpu(const std::string& s) {
+  if (s == "h200") return TacticGpu::h200;
+  if (s == "h100") return TacticGpu::h100;
+  if (s == "auto") return cuda_device_count() > 0 ? tactic_gpu_of(device_info(0)) : TacticGpu::h200;
+  throw InvalidArgument("tactics", fmt::format("--gpu ('{}') must be auto, h200 or h100", s));
+}
+#endif
 
 #if MOEKIT_HAS_CUDA
 void print_tactics(const TacticsCli& o, bool gate_up_given) {
   ExpertConfig cfg = find_preset(o.preset).experts;
   if (gate_up_given) cfg.gate_up = parse_gate_up_layout(o.gate_up);
   const std::vector<int64_t> tokens = parse_int_list("tactics", o.tokens);  // positive integers
+  const TacticGpu gpu = parse_tactic_gpu(o.gpu);
 
   const auto table = cuda_expert_gemm_tactics();
   std::printf("tactics of the cuda_bf16 experts (the indices of bench moe --gemm1 / --gemm2):\n");
@@ -45,12 +58,13 @@ void print_tactics(const TacticsCli& o, bool gate_up_given) {
   std::printf(
       "%s",
       fmt::format(
-          "\ndefault picks for {} (w13 {}; routed rows per expert = T * {} / {}, which the heuristic rounds up):\n",
-          o.preset, gate_up_layout_name(cfg.gate_up), cfg.top_k, cfg.num_experts)
+          "\ndefault picks for {} on the {} rules (w13 {}; routed rows per expert = T * {} / {}, which the heuristic "
+          "rounds up):\n",
+          o.preset, tactic_gpu_name(gpu), gate_up_layout_name(cfg.gate_up), cfg.top_k, cfg.num_experts)
           .c_str());
   std::printf("| T | routed rows per expert (mean) | gemm1 | gemm2 | b13 + activation |\n|---|---|---|---|---|\n");
   for (int64_t t : tokens) {
-    const ExpertTactic pick = cuda_expert_default_tactic(cfg, t);
+    const ExpertTactic pick = cuda_expert_default_tactic(cfg, t, gpu);
     const char* act = cuda_expert_gemm1_fuses_activation(cfg, pick.gemm1) ? "in GEMM1" : "separate pass";
     std::printf("%s",
                 fmt::format("| {} | {:.2f} | {} {} | {} {} | {} |\n", t, double(t) * cfg.top_k / cfg.num_experts,
@@ -75,6 +89,10 @@ void add_tactics_command(CLI::App& app) {
   CLI::Option* gate_up =
       cmd->add_option("--gate-up", opts->gate_up,
                       "w13's gate/up arrangement instead of the preset's: gate_first, up_first or interleaved");
+  cmd->add_option("--gpu", opts->gpu,
+                  "Whose rules: h200, h100, or auto (device 0's: h100 below 31 GB/s of peak DRAM bandwidth per SM; "
+                  "h200 without a GPU)")
+      ->capture_default_str();
   cmd->callback([opts, gate_up] { print_tactics(*opts, gate_up->count() > 0); });
 }
 

@@ -163,11 +163,20 @@ constexpr W13Forms kHalvesW13 = 1;       // gate-first / up-first, I a multiple 
 constexpr W13Forms kInterleavedW13 = 2;  // interleaved: fused epilogue on gate/up column pairs (kGatedOps)
 constexpr W13Forms kUnfusedW13 = 4;      // gate-first / up-first otherwise: GEMM1, then the activation pass
 constexpr W13Forms kAnyW13 = kHalvesW13 | kInterleavedW13 | kUnfusedW13;
+// The GPUs a rule serves (TacticGpu), a bit each.
+using Gpus = uint8_t;
+constexpr Gpus kH200Gpu = 1;
+constexpr Gpus kH100Gpu = 2;
+constexpr Gpus kAnyGpu = kH200Gpu | kH100Gpu;
+constexpr Gpus gpu_bit(TacticGpu g) {
+  return g == TacticGpu::h100 ? kH100Gpu : kH200Gpu;
+}
 struct HeuristicRule {
   int64_t min_rows = 0, max_rows = kAny, max_tokens = kAny, min_weights = 0, max_weights = kAny;
   int64_t max_experts = kAny;
   int64_t max_load4 = kAny, max_shared = kAny;
   W13Forms w13 = kAnyW13;
+  Gpus gpus = kAnyGpu;
   int gemm1, gemm2;
 };
 constexpr int64_t kLargeExpert = int64_t{24} << 20;  // 2I x H elements
@@ -184,11 +193,29 @@ constexpr HeuristicRule few_large(int64_t min_rows, int64_t max_rows, int gemm1,
           .gemm1 = gemm1,
           .gemm2 = gemm2};
 }
-constexpr std::array<HeuristicRule, 16> kHeuristic{{
+// The H100's rules (TacticGpu::h100), ahead of the H200's that they override: cooperative 128x256 tiles for both
+// GEMMs from 192 routed rows per expert on experts of at least kLargeExpert, and at 56-72 rows on experts of
+// kMidExpert to kLargeExpert. Paired runs on an H100 SXM (docs/benchmarks.md, "Sixtieth session", experts graph time
+// of 128x256 for both against the H200's picks, same call): mixtral at 192 / 256 / 512 / 1024 / 2048 rows 1.000 /
+// 0.961 / 0.950 / 0.819 / 0.857 (112 / 128 rows 1.067 / 1.075), llama4-scout at 192 / 256 / 512 / 1024 rows 0.911 /
+// 0.897 / 0.836 / 0.810 (112 / 128 rows 0.996 / 0.975), deepseek-v3 at 192 / 256 rows 0.915 / 0.877 (64 / 96 / 128
+// rows 1.039 / 0.946 / 0.998); gpt-oss at 56 / 64 / 72 rows 0.979 / 0.898 / 0.974 (128 rows 1.034). With 3.35 TB/s
+// against the H200's 4.92, the 128-row tile's half as many reads of each weight tile outweigh its padding there;
+// gpt-oss's mean at 56-72 rows puts about half its experts past one 64-row tile. Routing skew was not measured on
+// the H100.
+constexpr std::array<HeuristicRule, 18> kHeuristic{{
     {.max_load4 = 3, .max_shared = 0, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 1, .max_tokens = 4, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 16, .max_tokens = 64, .gemm1 = 5, .gemm2 = 5},
     {.max_rows = 16, .max_shared = 0, .gemm1 = 5, .gemm2 = 5},
+    {.min_rows = 192, .min_weights = kLargeExpert, .gpus = kH100Gpu, .gemm1 = 3, .gemm2 = 3},
+    {.min_rows = 56,
+     .max_rows = 72,
+     .min_weights = kMidExpert,
+     .max_weights = kLargeExpert - 1,
+     .gpus = kH100Gpu,
+     .gemm1 = 3,
+     .gemm2 = 3},
     few_large(56, 64, 6, 6),
     few_large(65, 111, 3, 3, kInterleavedW13 | kUnfusedW13),
     few_large(112, 3071, 4, 4),
@@ -295,7 +322,8 @@ struct CudaExperts::Impl {
   int block = 0;
   Device device;
   int sm_count = 0;
-  int groups = 0;  // G = E + S
+  TacticGpu gpu = TacticGpu::h200;  // the default heuristic's rules for this device
+  int groups = 0;                   // G = E + S
   int64_t bytes = 0;
   void* storage = nullptr;
   void* a1y = nullptr;  // [cap, H]
@@ -329,7 +357,9 @@ CudaExperts::CudaExperts(const CudaExpertsArgs& a) : impl_(std::make_unique<Impl
   m.max_tokens = a.max_tokens;
   m.block = a.block;
   m.device = a.device;
-  m.sm_count = device_info(a.device.index).sm_count;
+  const DeviceInfo info = device_info(a.device.index);
+  m.sm_count = info.sm_count;
+  m.gpu = tactic_gpu_of(info);
   m.groups = a.config.num_experts + a.config.num_shared_experts;
   for (size_t i = 0; i < kTactics.size(); ++i)
     if (kGroupedOps[i] != nullptr) m.ops[i] = kGroupedOps[i]();
@@ -418,7 +448,17 @@ int64_t CudaExperts::workspace_bytes() const {
   return impl().bytes;
 }
 
-ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens) {
+TacticGpu tactic_gpu_of(const DeviceInfo& info) {
+  if (info.sm_count <= 0) return TacticGpu::h200;
+  const double per_sm = peak_dram_bytes_per_s(info) / info.sm_count;
+  return per_sm > 0 && per_sm < kLeanDramPerSm ? TacticGpu::h100 : TacticGpu::h200;
+}
+
+std::string_view tactic_gpu_name(TacticGpu gpu) {
+  return gpu == TacticGpu::h100 ? "h100" : "h200";
+}
+
+ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens, TacticGpu gpu) {
   const int64_t t = std::max<int64_t>(tokens, 1), routed = t * c.top_k;
   const int64_t active = std::min<int64_t>(c.num_experts, routed);
   const int64_t rows = (routed + active - 1) / active;
@@ -427,13 +467,16 @@ ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens) {
   for (const HeuristicRule& r : kHeuristic)
     if (rows >= r.min_rows && rows <= r.max_rows && t <= r.max_tokens && weights >= r.min_weights &&
         weights <= r.max_weights && c.num_experts <= r.max_experts && load_at_most(r.max_load4) &&
-        c.num_shared_experts <= r.max_shared && (r.w13 & w13_form(c)) != 0)
+        c.num_shared_experts <= r.max_shared && (r.w13 & w13_form(c)) != 0 && (r.gpus & gpu_bit(gpu)) != 0)
       return {r.gemm1, r.gemm2};
   return {kHeuristic.back().gemm1, kHeuristic.back().gemm2};
 }
 
 ExpertTactic CudaExperts::default_tactic(int64_t tokens) const {
-  return cuda_expert_default_tactic(impl().cfg, tokens);
+  return cuda_expert_default_tactic(impl().cfg, tokens, impl().gpu);
+}
+TacticGpu CudaExperts::tactic_gpu() const {
+  return impl().gpu;
 }
 
 void CudaExperts::run(const RoutePlan& plan, const TensorView& hidden, const TensorView& out, Stream stream,
