@@ -937,12 +937,15 @@ TEST(CudaExpertsHeuristic, H100RulesOverrideOnlyWhereMeasured) {
       {"deepseek-v3", 6113, large, small},    // 192 rows
       {"deepseek-v3", 8192, large, small},    // 256 rows
       {"deepseek-v3", 16384, large, large},   // 512 rows
-      // Experts of kMidExpert to kLargeExpert (gpt-oss) at 56-72 rows: 128x256 on the H100, swapped 96x256 above.
-      {"gpt-oss-120b", 1760, small, small},    // 55 rows
-      {"gpt-oss-120b", 1761, large, small},    // 56 rows
-      {"gpt-oss-120b", 2048, large, small},    // 64 rows
-      {"gpt-oss-120b", 2304, large, swap96},   // 72 rows
-      {"gpt-oss-120b", 2305, swap96, swap96},  // 73 rows
+      // Experts of kMidExpert to kLargeExpert (gpt-oss): 128x256 at 56-72 rows on the H100, 64x256 at 73-90 rows
+      // where the H200 takes swapped 96x256.
+      {"gpt-oss-120b", 1760, small, small},   // 55 rows
+      {"gpt-oss-120b", 1761, large, small},   // 56 rows
+      {"gpt-oss-120b", 2048, large, small},   // 64 rows
+      {"gpt-oss-120b", 2304, large, swap96},  // 72 rows
+      {"gpt-oss-120b", 2305, small, swap96},  // 73 rows
+      {"gpt-oss-120b", 2880, small, swap96},  // 90 rows
+      {"gpt-oss-120b", 2881, small, small},   // 91 rows
       // Smaller experts: unchanged.
       {"qwen3-30b-a3b", 4096, small, small},    // 256 rows
       {"qwen3-next-80b", 16384, small, small},  // 320 rows

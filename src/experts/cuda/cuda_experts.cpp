@@ -125,13 +125,14 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kHalvesOps{
 // qwen3-next T = 3584 / 4096 / 4608 0.980 / 0.997 / 0.972, qwen3 T = 1280 0.992, qwen3-next with w13 interleaved T =
 // 4096 0.991), but not on gpt-oss (T = 2560: 1.019); so it serves experts of at least kMidExpert, and smaller ones
 // only where gate-first / up-first w13 has no fused GEMM1 (I no multiple of kHalvesRows), as when it was chosen (not
-// measured since). On an H100 it lost on all three presets (0.957-0.978; the rules are fitted to the H200). On a few
-// large experts swapped 96x256 tiles take 56-64 rows: there the hottest of mixtral's 8 experts outgrows one 64-row
-// tile (each extra row tile streams the expert's weights again), while one 96-row tile holds it with half the mean to
-// spare for skewed routing ("Twenty-eighth session", same call, against the 64x256 / 128x256 defaults: mixtral T =
-// 224 / 240 / 256 0.917 / 0.932 / 0.957-0.973; at 44-52 rows 1.010-1.016). Above 64 rows the 128-row tiles stay: with
-// uniform routing the 96-row tiles still ran 0.945-0.969 at 68-84 rows, but 1.105-1.124 at 88-92 rows, where the
-// hottest expert needs a second 96-row tile, and a skewed router reaches that sooner. Measured with skew (bench moe
+// measured since). On an H100 it lost on all three presets (0.957-0.978), and the H100's rules below drop it. On a
+// few large experts swapped 96x256 tiles take 56-64 rows: there the hottest of mixtral's 8 experts outgrows one
+// 64-row tile (each extra row tile streams the expert's weights again), while one 96-row tile holds it with half the
+// mean to spare for skewed routing ("Twenty-eighth session", same call, against the 64x256 / 128x256 defaults:
+// mixtral T = 224 / 240 / 256 0.917 / 0.932 / 0.957-0.973; at 44-52 rows 1.010-1.016). Above 64 rows the 128-row
+// tiles stay: with uniform routing the 96-row tiles still ran 0.945-0.969 at 68-84 rows, but 1.105-1.124 at 88-92
+// rows, where the hottest expert needs a second 96-row tile, and a skewed router reaches that sooner. Measured with
+// skew (bench moe
 // --logit-skew S): with the hottest expert at 67-88 rows (S = 0.25 / 0.5) the band's T = 224 / 240 / 256 ran
 // 0.927-0.961 of the old tiles' time, with it at 98-115 rows (S = 1, 1.75-1.8x the mean) 1.052-1.123. Likewise at
 // 224-288 rows, where three 96-row tiles hold an expert that needs three 128-row tiles above 256 rows: swapped 96x256
@@ -195,15 +196,16 @@ constexpr HeuristicRule few_large(int64_t min_rows, int64_t max_rows, int gemm1,
 }
 // The H100's rules (TacticGpu::h100), ahead of the H200's that they override: cooperative 128x256 tiles for both
 // GEMMs from 192 routed rows per expert on experts of at least kLargeExpert, and at 56-72 rows on experts of
-// kMidExpert to kLargeExpert. Paired runs on an H100 SXM (docs/benchmarks.md, "Sixtieth session", experts graph time
-// of 128x256 for both against the H200's picks, same call): mixtral at 192 / 256 / 512 / 1024 / 2048 rows 1.000 /
-// 0.961 / 0.950 / 0.819 / 0.857 (112 / 128 rows 1.067 / 1.075), llama4-scout at 192 / 256 / 512 / 1024 rows 0.911 /
-// 0.897 / 0.836 / 0.810 (112 / 128 rows 0.996 / 0.975), deepseek-v3 at 192 / 256 rows 0.915 / 0.877 (64 / 96 / 128
-// rows 1.039 / 0.946 / 0.998); gpt-oss at 56 / 64 / 72 rows 0.979 / 0.898 / 0.974 (128 rows 1.034). With 3.35 TB/s
-// against the H200's 4.92, the 128-row tile's half as many reads of each weight tile outweigh its padding there;
-// gpt-oss's mean at 56-72 rows puts about half its experts past one 64-row tile. Routing skew was not measured on
-// the H100.
-constexpr std::array<HeuristicRule, 18> kHeuristic{{
+// kMidExpert to kLargeExpert, which keep 64x256 at 73-90 rows instead of the H200's swapped 96x256 (gpt-oss at 80
+// rows: 0.973 of its time, "Forty-ninth session", on an H100). Paired runs on an H100 SXM (docs/benchmarks.md,
+// "Sixtieth session", experts graph time of 128x256 for both against the H200's picks, same call): mixtral at 192 /
+// 256 / 512 / 1024 / 2048 rows 1.000 / 0.961 / 0.950 / 0.819 / 0.857 (112 / 128 rows 1.067 / 1.075), llama4-scout at
+// 192 / 256 / 512 / 1024 rows 0.911 / 0.897 / 0.836 / 0.810 (112 / 128 rows 0.996 / 0.975), deepseek-v3 at 192 / 256
+// rows 0.915 / 0.877 (64 / 96 / 128 rows 1.039 / 0.946 / 0.998); gpt-oss at 56 / 64 / 72 rows 0.979 / 0.898 / 0.974
+// (128 rows 1.034). With 3.35 TB/s against the H200's 4.92, the 128-row tile's half as many reads of each weight tile
+// outweigh its padding there; gpt-oss's mean at 56-72 rows puts about half its experts past one 64-row tile. Routing
+// skew was not measured on the H100.
+constexpr std::array<HeuristicRule, 19> kHeuristic{{
     {.max_load4 = 3, .max_shared = 0, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 1, .max_tokens = 4, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 16, .max_tokens = 64, .gemm1 = 5, .gemm2 = 5},
@@ -216,6 +218,13 @@ constexpr std::array<HeuristicRule, 18> kHeuristic{{
      .gpus = kH100Gpu,
      .gemm1 = 3,
      .gemm2 = 3},
+    {.min_rows = 73,
+     .max_rows = 90,
+     .min_weights = kMidExpert,
+     .max_weights = kLargeExpert - 1,
+     .gpus = kH100Gpu,
+     .gemm1 = 4,
+     .gemm2 = 4},
     few_large(56, 64, 6, 6),
     few_large(65, 111, 3, 3, kInterleavedW13 | kUnfusedW13),
     few_large(112, 3071, 4, 4),
