@@ -132,31 +132,30 @@ constexpr std::array<GroupedGemmOps (*)(), kTactics.size()> kHalvesOps{
 // mixtral T = 224 / 240 / 256 0.917 / 0.932 / 0.957-0.973; at 44-52 rows 1.010-1.016). Above 64 rows the 128-row
 // tiles stay: with uniform routing the 96-row tiles still ran 0.945-0.969 at 68-84 rows, but 1.105-1.124 at 88-92
 // rows, where the hottest expert needs a second 96-row tile, and a skewed router reaches that sooner. Measured with
-// skew (bench moe
-// --logit-skew S): with the hottest expert at 67-88 rows (S = 0.25 / 0.5) the band's T = 224 / 240 / 256 ran
-// 0.927-0.961 of the old tiles' time, with it at 98-115 rows (S = 1, 1.75-1.8x the mean) 1.052-1.123. Likewise at
-// 224-288 rows, where three 96-row tiles hold an expert that needs three 128-row tiles above 256 rows: swapped 96x256
-// for both GEMMs ran 0.934 / 0.987 of 128x256 / 64x256 at mixtral T = 1024 / 1152 with uniform routing, but 1.037 at
-// T = 1024 with S = 0.5 (hottest expert 361 rows) and 1.111 at T = 896 ("Thirty-third session"); not taken.
-// Cooperative 128x256 tiles took 65-111 rows of these experts ("Twenty-first session") until gate-first / up-first
-// w13 got its fused 64x256 GEMM1; since then 64x256 for both ran 0.962-0.997 of their time at mixtral T = 260-444
-// (65-111 rows), but 1.006 at T = 320 and 1.021 at T = 260 in one of two calls each ("Fiftieth session", paired,
-// H200), so the band no longer serves the halves form; it stays for interleaved w13 (there T = 300-444 tied at
-// 0.998-1.010 and T = 260 favoured 128x256 by 1.023) and for gate-first / up-first w13 whose GEMM1 still needs the
-// activation pass, as when it was chosen (not measured since). Where w13 takes the halves form (gate-first /
-// up-first, I a multiple of kHalvesRows), experts smaller than kLargeExpert keep GEMM1 on the fused 64x256 tile up to
-// 640 rows, GEMM2 on 128x256: against 128x256 for both (GEMM1 + the activation pass), paired runs ("Thirty-seventh
-// session"), qwen3 at 384 / 512 / 640 rows 0.958 / 0.957 / 0.983 but 1024 / 1280 rows 1.018 / 1.019 (768 / 896 rows
-// 1.001 / 1.003), qwen3-next at 320 / 400 rows 0.964 / 0.972; with interleaved w13 the 128x256 tile has a fused
-// epilogue of its own and wins (gpt-oss at 320 rows: 64x256 1.055), and so do deepseek-v3's large experts (512 rows:
-// 1.026). In that band GEMM2 stays on 64x256 up to 440 rows ("Thirty-eighth session", paired, against 128x256:
-// qwen3-next at 320 / 400 / 440 / 480 rows 0.988 / 0.988 / 0.998 / 1.009, qwen3 at 384 / 512 / 640 rows 0.999 / 0.994
-// / 1.018). Interleaved w13 on experts below kLargeExpert takes the cooperative 128x256 pair (its GEMM1 fused) at
-// 200-240 rows, where four 64-row tiles and two 128-row tiles hold most experts' rows alike (same session, against
-// 64x256 for both: gpt-oss at 200 / 208 / 224 / 240 / 256 rows 0.978 / 0.966 / 0.989 / 0.974 / 0.963, qwen3 with w13
-// interleaved at 224 / 240 rows 0.986 / 1.008, qwen3-next at 220 / 240 rows 0.985 / 0.980; at 192 rows gpt-oss
-// 1.040), and experts of at least kMidExpert up to 256 rows (gpt-oss at 256 rows 0.963; qwen3 with w13 interleaved
-// there 1.045: how much padding the 128-row tile's fewer bytes per FLOP outweigh depends on the shape).
+// skew (bench moe --logit-skew S): with the hottest expert at 67-88 rows (S = 0.25 / 0.5) the band's T = 224 / 240 /
+// 256 ran 0.927-0.961 of the old tiles' time, with it at 98-115 rows (S = 1, 1.75-1.8x the mean) 1.052-1.123.
+// Likewise at 224-288 rows, where three 96-row tiles hold an expert that needs three 128-row tiles above 256 rows:
+// swapped 96x256 for both GEMMs ran 0.934 / 0.987 of 128x256 / 64x256 at mixtral T = 1024 / 1152 with uniform
+// routing, but 1.037 at T = 1024 with S = 0.5 (hottest expert 361 rows) and 1.111 at T = 896 ("Thirty-third
+// session"); not taken. Cooperative 128x256 tiles took 65-111 rows of these experts ("Twenty-first session") until
+// gate-first / up-first w13 got its fused 64x256 GEMM1; since then 64x256 for both ran 0.962-0.997 of their time at
+// mixtral T = 260-444 (65-111 rows), but 1.006 at T = 320 and 1.021 at T = 260 in one of two calls each ("Fiftieth
+// session", paired, H200), so the band no longer serves the halves form; it stays for interleaved w13 (there T =
+// 300-444 tied at 0.998-1.010 and T = 260 favoured 128x256 by 1.023) and for gate-first / up-first w13 whose GEMM1
+// still needs the activation pass, as when it was chosen (not measured since). Where w13 takes the halves form
+// (gate-first / up-first, I a multiple of kHalvesRows), experts smaller than kLargeExpert keep GEMM1 on the fused
+// 64x256 tile up to 640 rows, GEMM2 on 128x256: against 128x256 for both (GEMM1 + the activation pass), paired runs
+// ("Thirty-seventh session"), qwen3 at 384 / 512 / 640 rows 0.958 / 0.957 / 0.983 but 1024 / 1280 rows 1.018 / 1.019
+// (768 / 896 rows 1.001 / 1.003), qwen3-next at 320 / 400 rows 0.964 / 0.972; with interleaved w13 the 128x256 tile
+// has a fused epilogue of its own and wins (gpt-oss at 320 rows: 64x256 1.055), and so do deepseek-v3's large experts
+// (512 rows: 1.026). In that band GEMM2 stays on 64x256 up to 440 rows ("Thirty-eighth session", paired, against
+// 128x256: qwen3-next at 320 / 400 / 440 / 480 rows 0.988 / 0.988 / 0.998 / 1.009, qwen3 at 384 / 512 / 640 rows
+// 0.999 / 0.994 / 1.018). Interleaved w13 on experts below kLargeExpert takes the cooperative 128x256 pair (its GEMM1
+// fused) at 200-240 rows, where four 64-row tiles and two 128-row tiles hold most experts' rows alike (same session,
+// against 64x256 for both: gpt-oss at 200 / 208 / 224 / 240 / 256 rows 0.978 / 0.966 / 0.989 / 0.974 / 0.963, qwen3
+// with w13 interleaved at 224 / 240 rows 0.986 / 1.008, qwen3-next at 220 / 240 rows 0.985 / 0.980; at 192 rows
+// gpt-oss 1.040), and experts of at least kMidExpert up to 256 rows (gpt-oss at 256 rows 0.963; qwen3 with w13
+// interleaved there 1.045: how much padding the 128-row tile's fewer bytes per FLOP outweigh depends on the shape).
 constexpr int64_t kAny = INT64_MAX;
 // The three forms w13 takes in GEMM1, a bit each (w13_form()); a rule serves a set of them.
 using W13Forms = uint8_t;
