@@ -193,6 +193,16 @@ constexpr HeuristicRule few_large(int64_t min_rows, int64_t max_rows, int gemm1,
           .gemm1 = gemm1,
           .gemm2 = gemm2};
 }
+// A band of rows per expert for experts of kMidExpert to kLargeExpert weights, on the GPUs `gpus`.
+constexpr HeuristicRule mid_sized(int64_t min_rows, int64_t max_rows, int gemm1, int gemm2, Gpus gpus = kAnyGpu) {
+  return {.min_rows = min_rows,
+          .max_rows = max_rows,
+          .min_weights = kMidExpert,
+          .max_weights = kLargeExpert - 1,
+          .gpus = gpus,
+          .gemm1 = gemm1,
+          .gemm2 = gemm2};
+}
 // The H100's rules (TacticGpu::h100), ahead of the H200's that they override: cooperative 128x256 tiles for both
 // GEMMs from 192 routed rows per expert on experts of at least kLargeExpert, and at 56-72 rows on experts of
 // kMidExpert to kLargeExpert, which keep 64x256 at 73-90 rows instead of the H200's swapped 96x256 (gpt-oss at 80
@@ -210,30 +220,13 @@ constexpr std::array<HeuristicRule, 19> kHeuristic{{
     {.max_rows = 16, .max_tokens = 64, .gemm1 = 5, .gemm2 = 5},
     {.max_rows = 16, .max_shared = 0, .gemm1 = 5, .gemm2 = 5},
     {.min_rows = 192, .min_weights = kLargeExpert, .gpus = kH100Gpu, .gemm1 = 3, .gemm2 = 3},
-    {.min_rows = 56,
-     .max_rows = 72,
-     .min_weights = kMidExpert,
-     .max_weights = kLargeExpert - 1,
-     .gpus = kH100Gpu,
-     .gemm1 = 3,
-     .gemm2 = 3},
-    {.min_rows = 73,
-     .max_rows = 90,
-     .min_weights = kMidExpert,
-     .max_weights = kLargeExpert - 1,
-     .gpus = kH100Gpu,
-     .gemm1 = 4,
-     .gemm2 = 4},
+    mid_sized(56, 72, 3, 3, kH100Gpu),
+    mid_sized(73, 90, 4, 4, kH100Gpu),
     few_large(56, 64, 6, 6),
     few_large(65, 111, 3, 3, kInterleavedW13 | kUnfusedW13),
     few_large(112, 3071, 4, 4),
     few_large(3072, kAny, 3, 3),
-    {.min_rows = 70,
-     .max_rows = 90,
-     .min_weights = kMidExpert,
-     .max_weights = kLargeExpert - 1,
-     .gemm1 = 6,
-     .gemm2 = 6},
+    mid_sized(70, 90, 6, 6),
     {.min_rows = 70, .max_rows = 90, .max_weights = kMidExpert - 1, .w13 = kUnfusedW13, .gemm1 = 6, .gemm2 = 6},
     {.min_rows = 200,
      .max_rows = 240,
