@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "moekit/cuda_experts.h"
 #include "moekit/device.h"
 #include "moekit/version.h"
 
@@ -341,14 +342,16 @@ TEST(Cli, TacticsPrintsTheTableAndTheDefaultPicks) {
     EXPECT_NE(g.output.find(std::string("on the ") + gpu + " rules"), std::string::npos) << g.output;
     EXPECT_NE(g.output.find(row), std::string::npos) << g.output;
   }
-  CliRun au = run_cli("tactics --preset mixtral-8x7b --tokens 4096");  // auto: device 0's rules, h200's without one
+  // auto: device 0's rules (h100's below kLeanDramPerSm of peak DRAM bandwidth per SM), h200's without a GPU.
+  CliRun au = run_cli("tactics --preset mixtral-8x7b --tokens 4096");
   ASSERT_EQ(au.status, 0) << au.output;
-  if (moekit::cuda_device_count() == 0)
-    EXPECT_NE(au.output.find("on the h200 rules"), std::string::npos) << au.output;
-  else
-    EXPECT_TRUE(au.output.find("on the h200 rules") != std::string::npos ||
-                au.output.find("on the h100 rules") != std::string::npos)
-        << au.output;
+  bool lean = false;
+  if (moekit::cuda_device_count() > 0) {
+    const moekit::DeviceInfo d = moekit::device_info(0);
+    lean = d.sm_count > 0 && moekit::peak_dram_bytes_per_s(d) > 0 &&
+           moekit::peak_dram_bytes_per_s(d) / d.sm_count < moekit::kLeanDramPerSm;
+  }
+  EXPECT_NE(au.output.find(lean ? "on the h100 rules" : "on the h200 rules"), std::string::npos) << au.output;
   for (const auto& [args, message] :
        {std::pair<const char*, const char*>{"--preset gpt-5", "unknown preset 'gpt-5'"},
         {"--preset qwen3-30b-a3b --gpu a100", "--gpu ('a100') must be auto, h200 or h100"},
