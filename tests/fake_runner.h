@@ -1,7 +1,7 @@
 // A runner for CPU tests of the lifecycle, the registry, MoELayer and the autotuner: its tactics have costs the
-// test chooses (a function of the pair), it records every pair it timed or executed and the timing logits each
-// timing saw, and its execute() writes the tactic indices into `out` so a test can see which pair a layer ran. No
-// real compute.
+// test chooses (a function of the pair), it records every pair it timed or executed, the length of every timed
+// schedule and the timing logits each timing saw, and its execute() writes the tactic indices into `out` so a test
+// can see which pair a layer ran. No real compute.
 #pragma once
 
 #include <functional>
@@ -23,6 +23,7 @@ struct FakeRunnerConfig {
   std::function<double(TacticPair)> cost = [](TacticPair p) { return 1.0 + p.gemm1 + p.gemm2; };
   std::string decline;            // non-empty: check_support() says no with this reason
   bool decline_silently = false;  // check_support() says no without a reason (a broken runner)
+  bool drop_last_timing = false;  // do_time_schedule() returns one timing too few (a broken runner)
 };
 
 class FakeRunner final : public Runner {
@@ -42,6 +43,7 @@ class FakeRunner final : public Runner {
   std::vector<TacticPair> timed;  // every time_tactics() call, in order
   std::vector<int64_t> timed_tokens;
   std::vector<TacticPair> executed;  // every execute() call
+  std::vector<size_t> schedules;     // the length of every do_time_schedule() call's order
   int builds = 0;                    // do_build() calls
   // The data of the logits set by set_timing_logits() (nullptr: synthetic), now, at each set and at each timing.
   const void* timing_logits = nullptr;
@@ -78,6 +80,12 @@ class FakeRunner final : public Runner {
     timed_tokens.push_back(tokens);
     timed_logits.push_back(timing_logits);
     return cfg_.cost(t);
+  }
+  std::vector<double> do_time_schedule(std::span<const TacticPair> order, int64_t tokens) override {
+    schedules.push_back(order.size());
+    std::vector<double> seconds = Runner::do_time_schedule(order, tokens);  // do_time_tactics() in turn
+    if (cfg_.drop_last_timing) seconds.pop_back();
+    return seconds;
   }
   void do_set_timing_logits(const TensorView& logits) override {
     timing_logits = logits.present() ? logits.data : nullptr;

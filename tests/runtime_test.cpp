@@ -124,6 +124,39 @@ TEST(Lifecycle, TacticNamesMustBeDistinctAndTimingsPositive) {
   }
 }
 
+TEST(Lifecycle, ATimeScheduleTimesEveryEntryInOrderAndChecksItsArguments) {
+  FakeRunner r;  // cost 1 + gemm1 + gemm2
+  const std::vector<TacticPair> order{{1, 0}, {0, 2}, {1, 0}};
+  ASSERT_TRUE(r.check_support(small_spec(), Device::cpu()).ok);
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.time_schedule(order, 4); }),
+            "moekit::layer: runner 'fake': time_schedule() called before build()");
+  r.build_synthetic(8);
+  EXPECT_EQ(r.time_schedule(order, 4), (std::vector<double>{2.0, 3.0, 2.0}));
+  EXPECT_EQ(r.timed, order);
+  EXPECT_EQ(r.timed_tokens, (std::vector<int64_t>{4, 4, 4}));
+  EXPECT_EQ(r.schedules, (std::vector<size_t>{3}));
+  EXPECT_TRUE(r.time_schedule({}, 4).empty());  // nothing to time: the runner is not asked
+  EXPECT_EQ(error_of<InvalidArgument>([&] {
+              r.time_schedule(std::vector<TacticPair>{{0, 0}, {0, 3}}, 4);
+            }),
+            "moekit::layer: runner 'fake': order[1] (0, 3) must be in [0, 3) x [0, 3)");
+  EXPECT_EQ(error_of<InvalidArgument>([&] { r.time_schedule(order, 9); }),
+            "moekit::layer: runner 'fake': tokens (9) must be in [1, max_tokens (8)]");
+  EXPECT_EQ(r.schedules.size(), 1u);  // a rejected order times nothing
+  // What the runner returns must be one finite, positive time per entry.
+  FakeRunner shorter({.drop_last_timing = true});
+  ASSERT_TRUE(shorter.check_support(small_spec(), Device::cpu()).ok);
+  shorter.build_synthetic(8);
+  EXPECT_EQ(error_of<Internal>([&] { shorter.time_schedule(order, 4); }),
+            "moekit::layer: runner 'fake': timing a schedule of 3 entries gave 2 timings");
+  FakeRunner zero({.cost = [](TacticPair p) { return p.gemm2 == 2 ? 0.0 : 1.0; }});
+  ASSERT_TRUE(zero.check_support(small_spec(), Device::cpu()).ok);
+  zero.build_synthetic(8);
+  EXPECT_EQ(error_of<Internal>([&] { zero.time_schedule(order, 4); }),
+            "moekit::layer: runner 'fake': timing order[1] (0, 2) on 4 tokens gave 0 seconds, which must be finite "
+            "and > 0");
+}
+
 TEST(Lifecycle, ReferenceRunnerNamesItself) {
   std::unique_ptr<Runner> r = make_runner("reference");
   ASSERT_TRUE(r->check_support(small_spec(), Device::cpu()).ok);

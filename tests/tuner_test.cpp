@@ -230,6 +230,7 @@ TEST(StagedTuning, AdditiveCostsFindTheBestPairWithNPlusNPlus16Timings) {
     EXPECT_EQ(std::vector<TacticPair>(r->timed.begin() + 9 + 5 * k, r->timed.begin() + 14 + 5 * k), round)
         << "round " << k;
   EXPECT_EQ(r->timed.back(), (TacticPair{0, 1}));
+  EXPECT_EQ(r->schedules, (std::vector<size_t>{9, 16}));  // one schedule per stage: both GEMMs', the final one
   EXPECT_EQ(res[0].best, (TacticPair{3, 2}));
   // The result holds every final timing: the default's four, each pair's three and its ratio to the default.
   EXPECT_EQ(res[0].default_timings, (std::vector<double>(4, 5.0 + 8.0)));

@@ -145,13 +145,21 @@ class Runner {
   /// (the tuner's timing callback). Requires build(); 1 <= tokens <= max_tokens(). Synchronizes the device.
   double time_tactics(const TacticPair& tactics, int64_t tokens);
 
-  /// Makes time_tactics() route rows of `logits` instead of the runner's synthetic logits, so that tuning sees the
-  /// routing an engine's layer gets (skewed experts, hot experts); an absent view ({}) goes back to the synthetic
-  /// logits. `logits`: [N, E] fp32 or bf16 with unit stride in E, N >= 1, on the runner's device (validated as
-  /// route()'s logits). The runner copies min(N, max_tokens()) rows into its own timing inputs, repeated to fill
-  /// max_tokens() rows (row r is row r mod N), keeping the dtype, so the caller may free `logits` afterwards; a
-  /// timing at T tokens routes T consecutive rows of that copy. Synchronizes the device. Requires build(); a later
-  /// build() goes back to the synthetic logits. Autotuner::tune() calls it for TuneOptions::logits.
+  /// Seconds per run of every entry of `order`, timed in that order on `tokens` tokens of the same inputs as
+  /// time_tactics() (the tuner's stages: a comparison wants its timings next to each other). A runner may prepare
+  /// every distinct pair first and then time the entries back to back, so that the device does not idle between
+  /// them and a change of its clocks falls on neighbouring entries alike (cuda_bf16 does; the base times each entry
+  /// with time_tactics()'s callback in turn). Requires build(); 1 <= tokens <= max_tokens(); every pair in range.
+  /// An empty order times nothing. Synchronizes the device.
+  std::vector<double> time_schedule(std::span<const TacticPair> order, int64_t tokens);
+
+  /// Makes time_tactics() and time_schedule() route rows of `logits` instead of the runner's synthetic logits, so
+  /// that tuning sees the routing an engine's layer gets (skewed experts, hot experts); an absent view ({}) goes back
+  /// to the synthetic logits. `logits`: [N, E] fp32 or bf16 with unit stride in E, N >= 1, on the runner's device
+  /// (validated as route()'s logits). The runner copies min(N, max_tokens()) rows into its own timing inputs,
+  /// repeated to fill max_tokens() rows (row r is row r mod N), keeping the dtype, so the caller may free `logits`
+  /// afterwards; a timing at T tokens routes T consecutive rows of that copy. Synchronizes the device. Requires
+  /// build(); a later build() goes back to the synthetic logits. Autotuner::tune() calls it for TuneOptions::logits.
   void set_timing_logits(const TensorView& logits);
 
   /// The deterministic pair used when the tuner has no entry for T's bucket, or when the entry's winner is this pair
@@ -183,6 +191,9 @@ class Runner {
   virtual void do_execute(const LayerInputs& inputs, const TacticPair& tactics, Stream stream) = 0;
   /// Time one run on synthetic inputs (see time_tactics); tactics in range, 1 <= tokens <= max_tokens().
   virtual double do_time_tactics(const TacticPair& tactics, int64_t tokens) = 0;
+  /// Time every entry of a non-empty, validated order (see time_schedule); the base calls do_time_tactics() for
+  /// each entry in turn.
+  virtual std::vector<double> do_time_schedule(std::span<const TacticPair> order, int64_t tokens);
   /// Route later timings on a copy of `logits` (validated, N >= 1, on the device), or on the synthetic logits when
   /// it is absent (see set_timing_logits).
   virtual void do_set_timing_logits(const TensorView& logits) = 0;
@@ -191,6 +202,7 @@ class Runner {
 
  private:
   [[noreturn]] void fail_step(std::string_view step, std::string_view missing) const;
+  void check_timing_args(std::string_view what, const TacticPair& tactics, int64_t tokens) const;
   void require_built(std::string_view step) const;
 
   LayerSpec spec_{};

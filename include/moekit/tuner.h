@@ -230,7 +230,8 @@ class Autotuner {
 
   /// Tunes the buckets of `tokens` (duplicates of a bucket are tuned once) with the staged search and stores the
   /// winners in memory (persist them with save()). Calling this is the explicit request to tune. For each bucket it
-  /// times at min(bucket, runner.max_tokens()) tokens through runner.time_tactics(). With n1 GEMM1 and n2 GEMM2
+  /// times at min(bucket, runner.max_tokens()) tokens through runner.time_schedule(), one schedule per stage (the
+  /// first stage's timings in one, the final stage's in another, in the order below). With n1 GEMM1 and n2 GEMM2
   /// tactics (n1, n2 >= 2) it makes n1 + n2 timings in the two stages, then the final stage: 3 rounds, each the
   /// default pair once and then each shortlist pair other than the default once, and the default once more after
   /// the last round: n1 + n2 + 16 timings, or n1 + n2 + 13 where the default is a shortlist pair. A stage with a
@@ -242,7 +243,7 @@ class Autotuner {
   /// must exceed 1% and the default's own departure from a straight line during the stage, which a drift-corrected
   /// ratio cannot tell from a gain, and one slow timing of the default, which enters two rounds' ratios, cannot make
   /// an equal pair win. The entry records both medians. The timings run on the runner's own synthetic inputs
-  /// (Runner::time_tactics()) unless options.logits names the routing to time on; cuda_bf16's synthetic logits are
+  /// (Runner::time_schedule()) unless options.logits names the routing to time on; cuda_bf16's synthetic logits are
   /// uniform random, so its routing is near-uniform, and a pair that wins there can lose under skewed routing
   /// (mixtral-8x7b at T = 1024: swapped 96x256 tiles 6.6% faster with uniform routing, 3.7% slower with the hottest
   /// expert at 1.4x the mean rows; docs/benchmarks.md, "Thirty-third session"). Throws InvalidArgument when something

@@ -141,22 +141,51 @@ void Runner::execute(const LayerInputs& inputs, const TacticPair& tactics, Strea
   do_execute(inputs, tactics, stream);
 }
 
-double Runner::time_tactics(const TacticPair& tactics, int64_t tokens) {
-  require_built("time_tactics()");
+// The arguments of one timing: tokens in [1, max_tokens], tactics in range; `what` names the pair in errors.
+void Runner::check_timing_args(std::string_view what, const TacticPair& tactics, int64_t tokens) const {
   if (tokens < 1 || tokens > max_tokens_)
     throw InvalidArgument("layer", fmt::format("runner '{}': tokens ({}) must be in [1, max_tokens ({})]", name(),
                                                tokens, max_tokens_));
   const int n1 = static_cast<int>(gemm1_tactics().size());
   const int n2 = static_cast<int>(gemm2_tactics().size());
   if (tactics.gemm1 < 0 || tactics.gemm1 >= n1 || tactics.gemm2 < 0 || tactics.gemm2 >= n2)
-    throw InvalidArgument("layer", fmt::format("runner '{}': tactics ({}, {}) must be in [0, {}) x [0, {})", name(),
+    throw InvalidArgument("layer", fmt::format("runner '{}': {} ({}, {}) must be in [0, {}) x [0, {})", name(), what,
                                                tactics.gemm1, tactics.gemm2, n1, n2));
+}
+
+double Runner::time_tactics(const TacticPair& tactics, int64_t tokens) {
+  require_built("time_tactics()");
+  check_timing_args("tactics", tactics, tokens);
   const double seconds = do_time_tactics(tactics, tokens);
   if (!(std::isfinite(seconds) && seconds > 0))
     throw Internal("layer",
                    fmt::format("runner '{}': timing tactics ({}, {}) on {} tokens gave {} seconds, which must be "
                                "finite and > 0",
                                name(), tactics.gemm1, tactics.gemm2, tokens, seconds));
+  return seconds;
+}
+
+std::vector<double> Runner::time_schedule(std::span<const TacticPair> order, int64_t tokens) {
+  require_built("time_schedule()");
+  for (size_t i = 0; i < order.size(); ++i) check_timing_args(fmt::format("order[{}]", i), order[i], tokens);
+  if (order.empty()) return {};
+  std::vector<double> seconds = do_time_schedule(order, tokens);
+  if (seconds.size() != order.size())
+    throw Internal("layer", fmt::format("runner '{}': timing a schedule of {} entries gave {} timings", name(),
+                                        order.size(), seconds.size()));
+  for (size_t i = 0; i < order.size(); ++i)
+    if (!(std::isfinite(seconds[i]) && seconds[i] > 0))
+      throw Internal("layer",
+                     fmt::format("runner '{}': timing order[{}] ({}, {}) on {} tokens gave {} seconds, which "
+                                 "must be finite and > 0",
+                                 name(), i, order[i].gemm1, order[i].gemm2, tokens, seconds[i]));
+  return seconds;
+}
+
+std::vector<double> Runner::do_time_schedule(std::span<const TacticPair> order, int64_t tokens) {
+  std::vector<double> seconds;
+  seconds.reserve(order.size());
+  for (const TacticPair& p : order) seconds.push_back(do_time_tactics(p, tokens));
   return seconds;
 }
 

@@ -3,7 +3,8 @@
 // pairs in rounds bracketed by timings of the default pair and keep the one with the smallest drift-corrected ratio
 // to the default (ties: the earlier candidate, so results are deterministic for equal costs), unless it beats the
 // default by less than kMinTunedGain or than the default's own spread (bracketing_spread()). A stage with a single
-// tactic has nothing to rank and is skipped. Persistence lives in tuning_cache.cpp.
+// tactic has nothing to rank and is skipped. Each stage's timings are one Runner::time_schedule() call, which a GPU
+// runner times back to back. Persistence lives in tuning_cache.cpp.
 #include "moekit/tuner.h"
 
 #include <fmt/format.h>
@@ -254,22 +255,32 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
   for (Job& job : jobs) {
     TuneResult& r = job.result;
     const int64_t at = std::min(r.bucket, runner.max_tokens());
-    auto time = [&](TacticPair p) {
-      const double s = runner.time_tactics(p, at);
-      ++r.timed_configs;
-      progress.timed(r.bucket);
+    // A stage's timings, in order, as one schedule (Runner::time_schedule(): back to back where the runner can).
+    auto time = [&](const std::vector<TacticPair>& order) {
+      std::vector<double> s = runner.time_schedule(order, at);
+      for (size_t i = 0; i < order.size(); ++i) {
+        ++r.timed_configs;
+        progress.timed(r.bucket);
+      }
       return s;
     };
     // The final stage (see kFinalRounds and kMinTunedGain): stores the winner in r.best, the medians of its timings
     // and the default's in e, and every timing in r.
     auto final_stage = [&](const std::vector<int>& s1, const std::vector<int>& s2, TacticPair def, TuningEntry& e) {
       const std::vector<TacticPair> pairs = final_pairs(s1, s2, def);
-      r.default_timings = {time(def)};
+      const int rounds = pairs.empty() ? 0 : kFinalRounds;
+      std::vector<TacticPair> order = {def};
+      for (int round = 0; round < rounds; ++round) {
+        order.insert(order.end(), pairs.begin(), pairs.end());
+        order.push_back(def);
+      }
+      const std::vector<double> timings = time(order);
+      r.default_timings = {timings[0]};
       r.final_stage.clear();
       for (TacticPair p : pairs) r.final_stage.push_back({p, {}, 0.0});
-      for (int round = 0; round < (pairs.empty() ? 0 : kFinalRounds); ++round) {
-        for (FinalStageTiming& f : r.final_stage) f.seconds.push_back(time(f.tactics));
-        r.default_timings.push_back(time(def));
+      for (int round = 0, at_timing = 1; round < rounds; ++round) {
+        for (FinalStageTiming& f : r.final_stage) f.seconds.push_back(timings[at_timing++]);
+        r.default_timings.push_back(timings[at_timing++]);
       }
       r.best = def;
       e.default_seconds = median_of(r.default_timings);
@@ -306,11 +317,16 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
       insert(r.key, e);
     } else {
       const TacticPair def = runner.default_tactics(at);
-      std::vector<double> t1(n1, 0.0), t2(n2, 0.0);
+      // The first stage: each GEMM's tactics against the other's default, GEMM1's then GEMM2's, in one schedule.
+      std::vector<TacticPair> order;
       if (n1 > 1)
-        for (int i = 0; i < n1; ++i) t1[i] = time({i, def.gemm2});
+        for (int i = 0; i < n1; ++i) order.push_back({i, def.gemm2});
       if (n2 > 1)
-        for (int j = 0; j < n2; ++j) t2[j] = time({def.gemm1, j});
+        for (int j = 0; j < n2; ++j) order.push_back({def.gemm1, j});
+      const std::vector<double> first = time(order);
+      std::vector<double> t1(n1, 0.0), t2(n2, 0.0);
+      if (n1 > 1) std::copy_n(first.begin(), n1, t1.begin());
+      if (n2 > 1) std::copy_n(first.end() - n2, n2, t2.begin());
       const std::vector<int> s1 = fastest_two(t1), s2 = fastest_two(t2);
       TuningEntry& e = r.entry;
       e = TuningEntry{};

@@ -580,5 +580,40 @@ TEST_F(GpuLayer, TunesOnGivenLogits) {
   EXPECT_GT(r->time_tactics(r->default_tactics(64), 64), 0.0);
 }
 
+TEST_F(GpuLayer, TimesASchedulesEntriesBackToBack) {
+  MOEKIT_REQUIRE_SM90();
+  const LayerSpec s = reduced_spec(find_preset("mixtral-8x7b"));
+  LayerData w(s, rng_);
+  std::unique_ptr<Runner> r = make_runner("cuda_bf16");
+  ASSERT_TRUE(r->check_support(s, Device::cuda(0)).ok);
+  r->build(w.gpu, 256);
+  const int n = static_cast<int>(r->gemm1_tactics().size());
+  for (int64_t t : {1, 64, 256}) {
+    const TacticPair def = r->default_tactics(t);
+    // Repeated pairs share one prepared graph; the GEMV and a grouped tile at every T; the last pair at max_tokens.
+    const std::vector<TacticPair> order{def, {0, 0}, def, {3, 3}, {n - 1, n - 1}, {0, 0}, def};
+    const std::vector<double> seconds = r->time_schedule(order, t);
+    ASSERT_EQ(seconds.size(), order.size()) << "T=" << t;
+    for (size_t i = 0; i < seconds.size(); ++i) {
+      EXPECT_TRUE(std::isfinite(seconds[i])) << "T=" << t << " entry " << i;
+      EXPECT_GT(seconds[i], 0.0) << "T=" << t << " entry " << i;
+      EXPECT_LT(seconds[i], 1.0) << "T=" << t << " entry " << i;  // a reduced layer: milliseconds at most
+    }
+  }
+  EXPECT_EQ(error_of<InvalidArgument>([&] {
+              r->time_schedule(std::vector<TacticPair>{{0, 0}, {n, 0}}, 16);
+            }),
+            "moekit::layer: runner 'cuda_bf16': order[1] (" + std::to_string(n) + ", 0) must be in [0, " +
+                std::to_string(n) + ") x [0, " + std::to_string(n) + ")");
+  // The runner still runs correctly after its timings.
+  MoELayer ref(s.experts, s.routing, s.quant, w.host, options("reference", 64, &tuner_));
+  Inputs in(s, 64);
+  in.refill(rng_, 7);
+  in.poison_out(7);
+  r->execute({in.gpu_hidden(7), in.gpu_logits(7), in.gpu_out(7), {}}, r->default_tactics(7), nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  EXPECT_LE(relative_error(in.download_out(7), in.reference(ref, 7)), 1e-2);
+}
+
 }  // namespace
 }  // namespace moekit
