@@ -331,11 +331,18 @@ class CudaBf16Runner final : public Runner {
   struct EventList {
     std::vector<cudaEvent_t> events;
     explicit EventList(size_t n) : events(n, nullptr) {
-      for (cudaEvent_t& e : events) cuda_check(cudaEventCreate(&e), "cudaEventCreate");
+      try {
+        for (cudaEvent_t& e : events) cuda_check(cudaEventCreate(&e), "cudaEventCreate");
+      } catch (...) {
+        release();
+        throw;
+      }
     }
-    ~EventList() {
+    ~EventList() { release(); }
+    void release() {
       for (cudaEvent_t e : events)
         if (e != nullptr) cudaEventDestroy(e);
+      events.clear();
     }
     EventList(const EventList&) = delete;
     EventList& operator=(const EventList&) = delete;
