@@ -3,8 +3,8 @@
 // pairs in rounds bracketed by timings of the default pair and keep the one with the smallest drift-corrected ratio
 // to the default (ties: the earlier candidate, so results are deterministic for equal costs), unless it beats the
 // default by less than kMinTunedGain or than the default's own spread (bracketing_spread()). A stage with a single
-// tactic has nothing to rank and is skipped. Each stage's timings are one Runner::time_schedule() call, which a GPU
-// runner times back to back. Persistence lives in tuning_cache.cpp.
+// tactic has nothing to rank and is skipped. Each stage's timings are one Runner::time_schedule() call, which a
+// runner may time back to back. Persistence lives in tuning_cache.cpp.
 #include "moekit/tuner.h"
 
 #include <fmt/format.h>

@@ -580,7 +580,7 @@ TEST_F(GpuLayer, TunesOnGivenLogits) {
   EXPECT_GT(r->time_tactics(r->default_tactics(64), 64), 0.0);
 }
 
-TEST_F(GpuLayer, TimesASchedulesEntriesBackToBack) {
+TEST_F(GpuLayer, TimesEveryEntryOfASchedule) {
   MOEKIT_REQUIRE_SM90();
   const LayerSpec s = reduced_spec(find_preset("mixtral-8x7b"));
   LayerData w(s, rng_);
@@ -590,7 +590,7 @@ TEST_F(GpuLayer, TimesASchedulesEntriesBackToBack) {
   const int n = static_cast<int>(r->gemm1_tactics().size());
   for (int64_t t : {1, 64, 256}) {
     const TacticPair def = r->default_tactics(t);
-    // Repeated pairs share one prepared graph; the GEMV and a grouped tile at every T; the last pair at max_tokens.
+    // Repeated pairs; the GEMV and grouped tiles at every T, up to max_tokens.
     const std::vector<TacticPair> order{def, {0, 0}, def, {3, 3}, {n - 1, n - 1}, {0, 0}, def};
     const std::vector<double> seconds = r->time_schedule(order, t);
     ASSERT_EQ(seconds.size(), order.size()) << "T=" << t;
