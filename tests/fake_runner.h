@@ -81,9 +81,10 @@ class FakeRunner final : public Runner {
     timed_logits.push_back(timing_logits);
     return cfg_.cost(t);
   }
-  std::vector<double> do_time_schedule(std::span<const TacticPair> order, int64_t tokens) override {
+  std::vector<double> do_time_schedule(std::span<const TacticPair> order, int64_t tokens,
+                                       const std::function<void()>& on_timed) override {
     schedules.push_back(order.size());
-    std::vector<double> seconds = Runner::do_time_schedule(order, tokens);  // do_time_tactics() in turn
+    std::vector<double> seconds = Runner::do_time_schedule(order, tokens, on_timed);  // do_time_tactics() in turn
     if (cfg_.drop_last_timing) seconds.pop_back();
     return seconds;
   }

@@ -131,7 +131,10 @@ TEST(Lifecycle, ATimeScheduleTimesEveryEntryInOrderAndChecksItsArguments) {
   EXPECT_EQ(error_of<InvalidArgument>([&] { r.time_schedule(order, 4); }),
             "moekit::layer: runner 'fake': time_schedule() called before build()");
   r.build_synthetic(8);
-  EXPECT_EQ(r.time_schedule(order, 4), (std::vector<double>{2.0, 3.0, 2.0}));
+  std::vector<size_t> timed_before;  // how many entries the runner had timed at each on_timed call
+  EXPECT_EQ(r.time_schedule(order, 4, [&] { timed_before.push_back(r.timed.size()); }),
+            (std::vector<double>{2.0, 3.0, 2.0}));
+  EXPECT_EQ(timed_before, (std::vector<size_t>{1, 2, 3}));
   EXPECT_EQ(r.timed, order);
   EXPECT_EQ(r.timed_tokens, (std::vector<int64_t>{4, 4, 4}));
   EXPECT_EQ(r.schedules, (std::vector<size_t>{3}));

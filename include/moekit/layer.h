@@ -151,8 +151,10 @@ class Runner {
   /// them and a change of its clocks falls on neighbouring entries alike; the base, which every runner uses today,
   /// times each entry with time_tactics()'s callback in turn. Requires build(); 1 <= tokens <= max_tokens(); every
   /// pair in range.
-  /// An empty order times nothing. Synchronizes the device.
-  std::vector<double> time_schedule(std::span<const TacticPair> order, int64_t tokens);
+  /// An empty order times nothing. `on_timed`, where set, is called once per entry as its timing is known (the
+  /// tuner's progress). Synchronizes the device.
+  std::vector<double> time_schedule(std::span<const TacticPair> order, int64_t tokens,
+                                    const std::function<void()>& on_timed = {});
 
   /// Makes time_tactics() and time_schedule() route rows of `logits` instead of the runner's synthetic logits, so
   /// that tuning sees the routing an engine's layer gets (skewed experts, hot experts); an absent view ({}) goes back
@@ -192,9 +194,10 @@ class Runner {
   virtual void do_execute(const LayerInputs& inputs, const TacticPair& tactics, Stream stream) = 0;
   /// Time one run on synthetic inputs (see time_tactics); tactics in range, 1 <= tokens <= max_tokens().
   virtual double do_time_tactics(const TacticPair& tactics, int64_t tokens) = 0;
-  /// Time every entry of a non-empty, validated order (see time_schedule); the base calls do_time_tactics() for
-  /// each entry in turn.
-  virtual std::vector<double> do_time_schedule(std::span<const TacticPair> order, int64_t tokens);
+  /// Time every entry of a non-empty, validated order, calling on_timed (if set) once per entry as its timing is
+  /// known (see time_schedule); the base calls do_time_tactics() for each entry in turn.
+  virtual std::vector<double> do_time_schedule(std::span<const TacticPair> order, int64_t tokens,
+                                               const std::function<void()>& on_timed);
   /// Route later timings on a copy of `logits` (validated, N >= 1, on the device), or on the synthetic logits when
   /// it is absent (see set_timing_logits).
   virtual void do_set_timing_logits(const TensorView& logits) = 0;

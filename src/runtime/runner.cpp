@@ -165,11 +165,12 @@ double Runner::time_tactics(const TacticPair& tactics, int64_t tokens) {
   return seconds;
 }
 
-std::vector<double> Runner::time_schedule(std::span<const TacticPair> order, int64_t tokens) {
+std::vector<double> Runner::time_schedule(std::span<const TacticPair> order, int64_t tokens,
+                                          const std::function<void()>& on_timed) {
   require_built("time_schedule()");
   for (size_t i = 0; i < order.size(); ++i) check_timing_args(fmt::format("order[{}]", i), order[i], tokens);
   if (order.empty()) return {};
-  std::vector<double> seconds = do_time_schedule(order, tokens);
+  std::vector<double> seconds = do_time_schedule(order, tokens, on_timed);
   if (seconds.size() != order.size())
     throw Internal("layer", fmt::format("runner '{}': timing a schedule of {} entries gave {} timings", name(),
                                         order.size(), seconds.size()));
@@ -182,10 +183,14 @@ std::vector<double> Runner::time_schedule(std::span<const TacticPair> order, int
   return seconds;
 }
 
-std::vector<double> Runner::do_time_schedule(std::span<const TacticPair> order, int64_t tokens) {
+std::vector<double> Runner::do_time_schedule(std::span<const TacticPair> order, int64_t tokens,
+                                             const std::function<void()>& on_timed) {
   std::vector<double> seconds;
   seconds.reserve(order.size());
-  for (const TacticPair& p : order) seconds.push_back(do_time_tactics(p, tokens));
+  for (const TacticPair& p : order) {
+    seconds.push_back(do_time_tactics(p, tokens));
+    if (on_timed) on_timed();
+  }
   return seconds;
 }
 

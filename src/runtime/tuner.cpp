@@ -257,12 +257,10 @@ std::vector<TuneResult> Autotuner::tune(Runner& runner, const LayerSpec& spec, s
     const int64_t at = std::min(r.bucket, runner.max_tokens());
     // A stage's timings, in order, as one schedule (Runner::time_schedule(): back to back where the runner can).
     auto time = [&](const std::vector<TacticPair>& order) {
-      std::vector<double> s = runner.time_schedule(order, at);
-      for (size_t i = 0; i < order.size(); ++i) {
+      return runner.time_schedule(order, at, [&] {
         ++r.timed_configs;
         progress.timed(r.bucket);
-      }
-      return s;
+      });
     };
     // The final stage (see kFinalRounds and kMinTunedGain): stores the winner in r.best, the medians of its timings
     // and the default's in e, and every timing in r.
