@@ -592,8 +592,10 @@ TEST_F(GpuLayer, TimesEveryEntryOfASchedule) {
     const TacticPair def = r->default_tactics(t);
     // Repeated pairs; the GEMV and grouped tiles at every T, up to max_tokens.
     const std::vector<TacticPair> order{def, {0, 0}, def, {3, 3}, {n - 1, n - 1}, {0, 0}, def};
-    const std::vector<double> seconds = r->time_schedule(order, t);
+    size_t ticks = 0;
+    const std::vector<double> seconds = r->time_schedule(order, t, [&] { ++ticks; });
     ASSERT_EQ(seconds.size(), order.size()) << "T=" << t;
+    EXPECT_EQ(ticks, order.size()) << "T=" << t;
     for (size_t i = 0; i < seconds.size(); ++i) {
       EXPECT_TRUE(std::isfinite(seconds[i])) << "T=" << t << " entry " << i;
       EXPECT_GT(seconds[i], 0.0) << "T=" << t << " entry " << i;
