@@ -148,9 +148,8 @@ class Runner {
   /// Seconds per run of every entry of `order`, timed in that order on `tokens` tokens of the same inputs as
   /// time_tactics() (the tuner's stages: a comparison wants its timings next to each other). A runner may prepare
   /// every distinct pair first and then time the entries back to back, so that the device does not idle between
-  /// them and a change of its clocks falls on neighbouring entries alike; the base, which every runner uses today,
-  /// times each entry with time_tactics()'s callback in turn. Requires build(); 1 <= tokens <= max_tokens(); every
-  /// pair in range.
+  /// them and a change of its clocks falls on neighbouring entries alike (cuda_bf16 does); the base times each entry
+  /// with time_tactics()'s callback in turn. Requires build(); 1 <= tokens <= max_tokens(); every pair in range.
   /// An empty order times nothing. `on_timed`, where set, is called once per entry as its timing is known (the
   /// tuner's progress). Synchronizes the device.
   std::vector<double> time_schedule(std::span<const TacticPair> order, int64_t tokens,
