@@ -195,33 +195,16 @@ class CudaBf16Runner final : public Runner {
     experts_->run(*plan_, in.hidden, in.out, stream, ExpertTactic{tactics.gemm1, tactics.gemm2});
   }
 
+  // One pair is a schedule of one entry: the same warm-up, hopeless check, samples and median.
   double do_time_tactics(const TacticPair& tactics, int64_t tokens) override {
-    DeviceScope scope(device().index);
-    ensure_timing_inputs();
-    // Warm-up (module loading, first-touch) and a first estimate from single-call graphs.
-    GraphExec one(capture(tactics, tokens, 1));
-    one.launch(stream_);
-    cuda_check(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
-    const double first = timed_replays(one, 1);
-    double& best = best_seen_[tokens];
-    if (best > 0 && first > kHopelessFactor * best) return first;
-
-    const int inner = static_cast<int>(std::clamp(std::ceil(kSampleSeconds / first), 1.0, double(kMaxInnerCalls)));
-    GraphExec many(inner == 1 ? cudaGraphExec_t{} : capture(tactics, tokens, inner));
-    GraphExec& g = inner == 1 ? one : many;
-    std::vector<double> samples;
-    for (int s = 0; s < (first > kLongRunSeconds ? kLongSamples : kSamples); ++s)
-      samples.push_back(timed_replays(g, 1) / inner);
-    std::sort(samples.begin(), samples.end());
-    const double median = samples[samples.size() / 2];
-    if (best == 0 || median < best) best = median;
-    return median;
+    return do_time_schedule(std::span<const TacticPair>(&tactics, 1), tokens, {})[0];
   }
 
-  // Every distinct pair is captured, warmed up and timed once first (the hopeless check as in do_time_tactics, its
-  // bound the fastest of these first timings); then every entry's samples are enqueued back to back, an event
-  // between any two, and read after one synchronization: the GPU runs the whole schedule without idling between
-  // entries (do_time_tactics() captures between its timings), so its clocks change alike for neighbouring entries.
+  // Every distinct pair is captured, warmed up and timed once first (a pair whose first timing is over
+  // kHopelessFactor times the fastest seen is reported with that timing); then every entry's samples are enqueued
+  // back to back, an event between any two, and read after one synchronization: the GPU runs the whole schedule
+  // without idling between entries (as it would while pairs timed one by one are captured), so its clocks change
+  // alike for neighbouring entries.
   std::vector<double> do_time_schedule(std::span<const TacticPair> order, int64_t tokens,
                                        const std::function<void()>& on_timed) override {
     DeviceScope scope(device().index);
