@@ -1,5 +1,6 @@
 // The moekit CLI on the CPU backend: exit codes and the validation messages users see, --help everywhere, and
 // the demo printing a result.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -342,16 +343,13 @@ TEST(Cli, TacticsPrintsTheTableAndTheDefaultPicks) {
     EXPECT_NE(g.output.find(std::string("on the ") + gpu + " rules"), std::string::npos) << g.output;
     EXPECT_NE(g.output.find(row), std::string::npos) << g.output;
   }
-  // auto: device 0's rules (h100's below kLeanDramPerSm of peak DRAM bandwidth per SM), h200's without a GPU.
+  // auto: device 0's rules, h200's without a GPU.
   CliRun au = run_cli("tactics --preset mixtral-8x7b --tokens 4096");
   ASSERT_EQ(au.status, 0) << au.output;
-  bool lean = false;
-  if (moekit::cuda_device_count() > 0) {
-    const moekit::DeviceInfo d = moekit::device_info(0);
-    lean = d.sm_count > 0 && moekit::peak_dram_bytes_per_s(d) > 0 &&
-           moekit::peak_dram_bytes_per_s(d) / d.sm_count < moekit::kLeanDramPerSm;
-  }
-  EXPECT_NE(au.output.find(lean ? "on the h100 rules" : "on the h200 rules"), std::string::npos) << au.output;
+  const moekit::TacticGpu gpu =
+      moekit::cuda_device_count() > 0 ? moekit::tactic_gpu_of(moekit::device_info(0)) : moekit::TacticGpu::h200;
+  EXPECT_NE(au.output.find(fmt::format("on the {} rules", moekit::tactic_gpu_name(gpu))), std::string::npos)
+      << au.output;
   for (const auto& [args, message] :
        {std::pair<const char*, const char*>{"--preset gpt-5", "unknown preset 'gpt-5'"},
         {"--preset qwen3-30b-a3b --gpu a100", "--gpu ('a100') must be auto, h200 or h100"},

@@ -80,7 +80,8 @@ enum class TacticGpu : uint8_t {
 inline constexpr double kLeanDramPerSm = 31e9;
 
 /// The rules for the device `info` describes: h100 where peak_dram_bytes_per_s(info) / info.sm_count is below
-/// kLeanDramPerSm, h200 otherwise, and where the memory clock, bus width or SM count is unknown (0).
+/// kLeanDramPerSm, h200 otherwise, and where the memory clock, bus width or SM count is unknown (0). Host code, in
+/// every build (with or without CUDA).
 TacticGpu tactic_gpu_of(const DeviceInfo& info);
 
 /// "h200" or "h100".

@@ -449,16 +449,6 @@ int64_t CudaExperts::workspace_bytes() const {
   return impl().bytes;
 }
 
-TacticGpu tactic_gpu_of(const DeviceInfo& info) {
-  if (info.sm_count <= 0) return TacticGpu::h200;
-  const double per_sm = peak_dram_bytes_per_s(info) / info.sm_count;
-  return per_sm > 0 && per_sm < kLeanDramPerSm ? TacticGpu::h100 : TacticGpu::h200;
-}
-
-std::string_view tactic_gpu_name(TacticGpu gpu) {
-  return gpu == TacticGpu::h100 ? "h100" : "h200";
-}
-
 ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens, TacticGpu gpu) {
   const int64_t t = std::max<int64_t>(tokens, 1), routed = t * c.top_k;
   const int64_t active = std::min<int64_t>(c.num_experts, routed);
