@@ -203,8 +203,8 @@ class CudaBf16Runner final : public Runner {
   // Every distinct pair is captured, warmed up and timed once first (a pair whose first timing is over
   // kHopelessFactor times the fastest seen is reported with that timing); then every entry's samples are enqueued
   // back to back, an event between any two, and read after one synchronization: the GPU runs the whole schedule
-  // without idling between entries (as it would while pairs timed one by one are captured), so its clocks change
-  // alike for neighbouring entries.
+  // without the idle gaps that capturing each pair between timings would leave, so its clocks change alike for
+  // neighbouring entries.
   std::vector<double> do_time_schedule(std::span<const TacticPair> order, int64_t tokens,
                                        const std::function<void()>& on_timed) override {
     DeviceScope scope(device().index);

@@ -884,28 +884,6 @@ TEST(CudaExpertsHeuristic, PresetsGetTheMeasuredTactics) {
   }
 }
 
-// The rules a device gets: the H100 SXM's and GPUs with as little DRAM bandwidth per SM take h100's, the H200 and
-// anything the fields do not describe h200's (host code only).
-TEST(CudaExpertsHeuristic, TacticGpuFollowsDramBandwidthPerSm) {
-  auto gpu = [](int clock_khz, int bus_bits, int sms) {
-    DeviceInfo d;
-    d.memory_clock_khz = clock_khz;
-    d.memory_bus_bits = bus_bits;
-    d.sm_count = sms;
-    return tactic_gpu_of(d);
-  };
-  EXPECT_NEAR(peak_dram_bytes_per_s(DeviceInfo{.memory_clock_khz = 2619000, .memory_bus_bits = 5120}), 3.352e12, 1e9);
-  EXPECT_EQ(gpu(2619000, 5120, 132), TacticGpu::h100);  // H100 SXM: 25.4 GB/s per SM
-  EXPECT_EQ(gpu(3201000, 6144, 132), TacticGpu::h200);  // H200: 37.3 GB/s per SM
-  EXPECT_EQ(gpu(2619000, 6144, 132), TacticGpu::h100);  // 30.5 GB/s per SM
-  EXPECT_EQ(gpu(2619000, 6144, 78), TacticGpu::h200);   // 51.6 GB/s per SM
-  EXPECT_EQ(gpu(0, 5120, 132), TacticGpu::h200);        // unknown clock
-  EXPECT_EQ(gpu(2619000, 0, 132), TacticGpu::h200);     // unknown bus
-  EXPECT_EQ(gpu(2619000, 5120, 0), TacticGpu::h200);    // unknown SM count
-  EXPECT_EQ(tactic_gpu_name(TacticGpu::h100), "h100");
-  EXPECT_EQ(tactic_gpu_name(TacticGpu::h200), "h200");
-}
-
 // Where paired runs on an H100 favoured other tiles, its picks differ from the H200's; elsewhere they are the same
 // (host code only).
 TEST(CudaExpertsHeuristic, H100RulesOverrideOnlyWhereMeasured) {
