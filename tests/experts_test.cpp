@@ -1,7 +1,7 @@
 // Expert compute: activation and layout names, gated activations at hand-worked points, the CPU reference layer
 // against an independent fp64 computation (every activation and gate/up layout, biases, shared experts, expert
-// parallelism, empty experts, one token, thread-count independence), every validation message, the GPU
-// activation pass's split of rows into slices, and which GPU's tactic rules a device takes.
+// parallelism, empty experts, one token, thread-count independence), every validation message, and the GPU
+// activation pass's split of rows into slices.
 // Plans are filled by hand here (topk ids and weights): experts_reference reads nothing else from the plan.
 #include "moekit/experts.h"
 
@@ -20,8 +20,6 @@
 #include "error_of.h"
 #include "experts/internal.h"
 #include "experts/row_slices.h"
-#include "moekit/cuda_experts.h"
-#include "moekit/device.h"
 #include "moekit/error.h"
 #include "moekit/presets.h"
 
@@ -746,28 +744,6 @@ TEST(RowSlices, CoverEveryRowOnceWithoutEmptySlices) {
   EXPECT_EQ(row_slices(row_passes(14336), 536, 16384), 28);
   EXPECT_EQ(row_slices(row_passes(7168), 16, 4096), 14);
   EXPECT_EQ(row_slices(row_passes(7168), 4096, 4096), 1);
-}
-
-// The rules a device gets: the H100 SXM's and GPUs with as little DRAM bandwidth per SM take h100's, the H200 and
-// anything the fields do not describe h200's.
-TEST(TacticGpu, FollowsDramBandwidthPerSm) {
-  auto gpu = [](int clock_khz, int bus_bits, int sms) {
-    DeviceInfo d;
-    d.memory_clock_khz = clock_khz;
-    d.memory_bus_bits = bus_bits;
-    d.sm_count = sms;
-    return tactic_gpu_of(d);
-  };
-  EXPECT_NEAR(peak_dram_bytes_per_s(DeviceInfo{.memory_clock_khz = 2619000, .memory_bus_bits = 5120}), 3.352e12, 1e9);
-  EXPECT_EQ(gpu(2619000, 5120, 132), TacticGpu::h100);  // H100 SXM: 25.4 GB/s per SM
-  EXPECT_EQ(gpu(3201000, 6144, 132), TacticGpu::h200);  // H200: 37.3 GB/s per SM
-  EXPECT_EQ(gpu(2619000, 6144, 132), TacticGpu::h100);  // 30.5 GB/s per SM
-  EXPECT_EQ(gpu(2619000, 6144, 78), TacticGpu::h200);   // 51.6 GB/s per SM
-  EXPECT_EQ(gpu(0, 5120, 132), TacticGpu::h200);        // unknown clock
-  EXPECT_EQ(gpu(2619000, 0, 132), TacticGpu::h200);     // unknown bus
-  EXPECT_EQ(gpu(2619000, 5120, 0), TacticGpu::h200);    // unknown SM count
-  EXPECT_EQ(tactic_gpu_name(TacticGpu::h100), "h100");
-  EXPECT_EQ(tactic_gpu_name(TacticGpu::h200), "h200");
 }
 
 TEST(ExpertsReferenceTiming, DISABLED_PresetsAt16Tokens) {

@@ -13,6 +13,7 @@
 // the decode path too, which then reads the gathered rows instead of hidden) and the combine adds those rows'
 // outputs unweighted.
 // GEMM1 and GEMM2 each pick a kernel from cuda_expert_gemm_tactics(); a deterministic heuristic picks by default.
+// The tactic table, the heuristic and tactic_gpu_of() are host code in every build, with or without CUDA.
 #pragma once
 
 #include <cstdint>
@@ -80,8 +81,7 @@ enum class TacticGpu : uint8_t {
 inline constexpr double kLeanDramPerSm = 31e9;
 
 /// The rules for the device `info` describes: h100 where peak_dram_bytes_per_s(info) / info.sm_count is below
-/// kLeanDramPerSm, h200 otherwise, and where the memory clock, bus width or SM count is unknown (0). Host code, in
-/// every build (with or without CUDA).
+/// kLeanDramPerSm, h200 otherwise, and where the memory clock, bus width or SM count is unknown (0).
 TacticGpu tactic_gpu_of(const DeviceInfo& info);
 
 /// "h200" or "h100".

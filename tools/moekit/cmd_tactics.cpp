@@ -1,6 +1,6 @@
 // `moekit tactics`: the GEMM tactic table of the CUDA bf16 experts and the pair the default heuristic picks for a
-// preset at each token count. Host code only (the heuristic needs no device), so it answers on machines without a
-// GPU too; a build without CUDA has no such table and says so.
+// preset at each token count. Host code only (the table and the heuristic need no device), so it answers on machines
+// without a GPU and in builds without CUDA too.
 #include <fmt/format.h>
 
 #include <cstdio>
@@ -26,7 +26,6 @@ struct TacticsCli {
   std::string gpu = "auto";
 };
 
-#if MOEKIT_HAS_CUDA
 // --gpu: h200 | h100, or auto: device 0's rules where there is a GPU, else h200's.
 TacticGpu parse_tactic_gpu(const std::string& s) {
   if (s == "h200") return TacticGpu::h200;
@@ -34,9 +33,7 @@ TacticGpu parse_tactic_gpu(const std::string& s) {
   if (s == "auto") return cuda_device_count() > 0 ? tactic_gpu_of(device_info(0)) : TacticGpu::h200;
   throw InvalidArgument("tactics", fmt::format("--gpu ('{}') must be auto, h200 or h100", s));
 }
-#endif
 
-#if MOEKIT_HAS_CUDA
 void print_tactics(const TacticsCli& o, bool gate_up_given) {
   ExpertConfig cfg = find_preset(o.preset).experts;
   if (gate_up_given) cfg.gate_up = parse_gate_up_layout(o.gate_up);
@@ -72,11 +69,6 @@ void print_tactics(const TacticsCli& o, bool gate_up_given) {
                     .c_str());
   }
 }
-#else
-void print_tactics(const TacticsCli&, bool) {
-  throw NotSupported("tactics", "this build of moekit has no CUDA support (the tactic table is the CUDA experts')");
-}
-#endif
 
 }  // namespace
 
