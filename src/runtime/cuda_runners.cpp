@@ -38,8 +38,9 @@ namespace moekit::detail {
 namespace {
 
 // The cuda_bf16 runner's version (part of every tuning key): bumped when its tactic table or heuristic changes, so
-// that a cache tuned without a tactic is not reused. 2: the swapped-operand grouped GEMM.
-constexpr std::string_view kCudaBf16Version = "2";
+// that a cache tuned without a tactic is not reused, or when what it times changes. 2: the swapped-operand grouped
+// GEMM. 3: synthetic selection bias of scale kSyntheticRoutingBiasScale instead of 0.5 (deepseek-v3, kimi-k2).
+constexpr std::string_view kCudaBf16Version = "3";
 
 // Why a CUDA runner cannot serve `device` in this build, or "" when the device is usable.
 std::string cuda_unavailable_reason(Device device) {
@@ -177,7 +178,7 @@ class CudaBf16Runner final : public Runner {
       w.experts.b13 = make(DType::f32, {ew, 2 * i}, seed + 2, 0.1f);
       w.experts.b2 = make(DType::f32, {ew, h}, seed + 3, 0.1f);
     }
-    if (spec().routing_bias) w.routing_bias = make(DType::f32, {e.num_experts}, seed + 4, 0.5f);
+    if (spec().routing_bias) w.routing_bias = make(DType::f32, {e.num_experts}, seed + 4, kSyntheticRoutingBiasScale);
     cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the synthetic fills");
     return w;
   }
