@@ -160,10 +160,11 @@ constexpr HeuristicRule mid_sized(int64_t min_rows, int64_t max_rows, int gemm1,
 // "Sixtieth session", experts graph time of 128x256 for both against the H200's picks, same call): mixtral at 192 /
 // 256 / 512 / 1024 / 2048 rows 1.000 / 0.961 / 0.950 / 0.819 / 0.857 (112 / 128 rows 1.067 / 1.075), llama4-scout at
 // 192 / 256 / 512 / 1024 rows 0.911 / 0.897 / 0.836 / 0.810 (112 / 128 rows 0.996 / 0.975), deepseek-v3 at 192 / 256
-// rows 0.915 / 0.877 (64 / 96 / 128 rows 1.039 / 0.946 / 0.998); gpt-oss at 56 / 64 / 72 rows 0.979 / 0.898 / 0.974
-// (128 rows 1.034). With 3.35 TB/s against the H200's 4.92, the 128-row tile's half as many reads of each weight tile
-// outweigh its padding there; gpt-oss's mean at 56-72 rows puts about half its experts past one 64-row tile. Routing
-// skew was not measured on the H100.
+// rows 0.915 / 0.877 (64 / 96 / 128 rows 1.039 / 0.946 / 0.998, and 128 rows 1.004 in the "Sixty-fourth session",
+// where the tuner's 0.89 there came from a synthetic selection bias that left most experts idle); gpt-oss at 56 / 64
+// / 72 rows 0.979 / 0.898 / 0.974 (128 rows 1.034). With 3.35 TB/s against the H200's 4.92, the 128-row tile's half
+// as many reads of each weight tile outweigh its padding there; gpt-oss's mean at 56-72 rows puts about half its
+// experts past one 64-row tile. Routing skew was not measured on the H100.
 constexpr std::array<HeuristicRule, 19> kHeuristic{{
     {.max_load4 = 3, .max_shared = 0, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 1, .max_tokens = 4, .gemm1 = 0, .gemm2 = 0},
