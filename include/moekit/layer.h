@@ -133,7 +133,9 @@ class Runner {
   void build(const LayerWeights& weights, int64_t max_tokens);
 
   /// Builds with weights the runner generates itself (deterministic from `seed`, owned by the runner), for tuning
-  /// and benchmarks without a checkpoint. Same lifecycle rules as build().
+  /// and benchmarks without a checkpoint: expert weights scaled like trained ones and, for a spec with a selection
+  /// bias, a bias uniform in [-0.01, 0.01), small enough that every expert still gets rows. Same lifecycle rules as
+  /// build().
   void build_synthetic(int64_t max_tokens, uint64_t seed = 1);
 
   /// Runs the layer on `inputs` with `tactics` on `stream` (no allocation on CUDA runners; capturable in a graph).
