@@ -21,6 +21,10 @@
 #include "moekit/device.h"
 #include "moekit/error.h"
 #include "moekit/layer.h"
+#include "moekit/plan.h"
+#include "moekit/presets.h"
+#include "moekit/routing.h"
+#include "runtime/synthetic.h"
 #include "tuner_test_util.h"
 
 namespace moekit {
@@ -857,6 +861,36 @@ TEST(MoELayerReferenceTuning, SyntheticWeightsFollowTheSeedAndTheSpecsBiases) {
   EXPECT_EQ(run(biased, 7), a);
   EXPECT_NE(run(biased, 8), a);
   EXPECT_NE(run(small_spec(), 7), a);  // same w13 and w2, no biases
+}
+
+// The routing the runners time on without a caller's logits (their synthetic logits and, for deepseek-v3, their
+// synthetic selection bias of build_synthetic()'s default seed) sends rows to every expert, as a trained
+// load-balancing bias does; a bias as large as the sigmoid keys' spread would leave most experts idle, and the
+// tuner would time a layer that reads a fraction of the weights.
+TEST(MoELayerReferenceTuning, TheSyntheticRoutingReachesEveryExpert) {
+  const Preset& p = find_preset("deepseek-v3");
+  const int64_t T = 4096, E = p.routing.num_experts;
+  std::vector<float> logits(static_cast<size_t>(T * E)), bias(static_cast<size_t>(E));
+  detail::fill_uniform_f32(logits, detail::kTimingLogits.seed, detail::kTimingLogits.scale);
+  auto counts = [&](float bias_scale) {
+    detail::fill_uniform_f32(bias, 1 + 4, bias_scale);  // seed + 4 of build_synthetic(max_tokens, seed = 1)
+    RoutePlan plan({.max_tokens = T,
+                    .num_experts = p.routing.num_experts,
+                    .top_k = p.routing.top_k,
+                    .num_shared_experts = p.routing.num_shared_experts,
+                    .block = p.block},
+                   Device::cpu());
+    route(p.routing, TensorView::contiguous(logits.data(), DType::f32, {T, E}),
+          TensorView::contiguous(bias.data(), DType::f32, {E}), plan);
+    const int32_t* c = plan.view().expert_counts;
+    return std::vector<int32_t>(c, c + E);
+  };
+  const std::vector<int32_t> synthetic = counts(detail::kSyntheticRoutingBiasScale);
+  const int64_t mean = T * p.routing.top_k / E;
+  EXPECT_EQ(std::count(synthetic.begin(), synthetic.end(), 0), 0);
+  EXPECT_LE(*std::max_element(synthetic.begin(), synthetic.end()), 2 * mean);
+  const std::vector<int32_t> large = counts(0.5f);  // the scale the runners used before
+  EXPECT_GT(std::count(large.begin(), large.end(), 0), E / 2);
 }
 
 TEST(MoELayerReferenceTuning, TimesOnGivenLogitsOfEitherDtypeAndAnyRowPitch) {
