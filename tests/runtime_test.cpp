@@ -872,8 +872,9 @@ TEST(MoELayerReferenceTuning, TheSyntheticRoutingReachesEveryExpert) {
   const int64_t T = 4096, E = p.routing.num_experts;
   std::vector<float> logits(static_cast<size_t>(T * E)), bias(static_cast<size_t>(E));
   detail::fill_uniform_f32(logits, detail::kTimingLogits.seed, detail::kTimingLogits.scale);
+  const detail::SyntheticStream stream = detail::synthetic_routing_bias(1);  // build_synthetic()'s default seed
   auto counts = [&](float bias_scale) {
-    detail::fill_uniform_f32(bias, 1 + 4, bias_scale);  // seed + 4 of build_synthetic(max_tokens, seed = 1)
+    detail::fill_uniform_f32(bias, stream.seed, bias_scale);
     RoutePlan plan({.max_tokens = T,
                     .num_experts = p.routing.num_experts,
                     .top_k = p.routing.top_k,
@@ -885,7 +886,7 @@ TEST(MoELayerReferenceTuning, TheSyntheticRoutingReachesEveryExpert) {
     const int32_t* c = plan.view().expert_counts;
     return std::vector<int32_t>(c, c + E);
   };
-  const std::vector<int32_t> synthetic = counts(detail::kSyntheticRoutingBiasScale);
+  const std::vector<int32_t> synthetic = counts(stream.scale);
   const int64_t mean = T * p.routing.top_k / E;
   EXPECT_EQ(std::count(synthetic.begin(), synthetic.end(), 0), 0);
   EXPECT_LE(*std::max_element(synthetic.begin(), synthetic.end()), 2 * mean);

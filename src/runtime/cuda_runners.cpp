@@ -178,7 +178,10 @@ class CudaBf16Runner final : public Runner {
       w.experts.b13 = make(DType::f32, {ew, 2 * i}, seed + 2, 0.1f);
       w.experts.b2 = make(DType::f32, {ew, h}, seed + 3, 0.1f);
     }
-    if (spec().routing_bias) w.routing_bias = make(DType::f32, {e.num_experts}, seed + 4, kSyntheticRoutingBiasScale);
+    if (spec().routing_bias) {
+      const SyntheticStream bias = synthetic_routing_bias(seed);
+      w.routing_bias = make(DType::f32, {e.num_experts}, bias.seed, bias.scale);
+    }
     cuda_check(cudaDeviceSynchronize(), "cudaDeviceSynchronize after the synthetic fills");
     return w;
   }

@@ -75,7 +75,8 @@ class ReferenceRunner final : public Runner {
     }
     if (spec().routing_bias) {
       routing_bias_.resize(static_cast<size_t>(e.num_experts));
-      fill_uniform_f32(routing_bias_, seed + 4, kSyntheticRoutingBiasScale);
+      const SyntheticStream bias = synthetic_routing_bias(seed);
+      fill_uniform_f32(routing_bias_, bias.seed, bias.scale);
       w.routing_bias = TensorView::contiguous(routing_bias_.data(), DType::f32, {e.num_experts});
     }
     return w;

@@ -51,6 +51,11 @@ inline constexpr SyntheticStream kTimingHidden{11, 1.0f}, kTimingLogits{12, 2.0f
 /// expert, as a trained load-balancing bias does. A scale of 0.5 outweighs the sigmoid keys of logits in [-2, 2)
 /// (45-89 of 256 experts get rows), and the tuner would time a routing no engine sees.
 inline constexpr float kSyntheticRoutingBiasScale = 0.01f;
+/// The stream of the selection bias among the synthetic weights of `weight_seed` (Runner::build_synthetic(); w13,
+/// w2, b13 and b2 take weight_seed + 0..3).
+constexpr SyntheticStream synthetic_routing_bias(uint64_t weight_seed) {
+  return {weight_seed + 4, kSyntheticRoutingBiasScale};
+}
 
 inline void fill_uniform_bf16(std::span<uint16_t> out, uint64_t seed, float scale) {
   parallel_fill(out.size(), [&](size_t begin, size_t end) {
