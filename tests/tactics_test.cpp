@@ -204,6 +204,17 @@ TEST(TacticHeuristic, H100RulesOverrideOnlyWhereMeasured) {
       {"gpt-oss-120b", 2305, small, swap96},  // 73 rows
       {"gpt-oss-120b", 2880, small, swap96},  // 90 rows
       {"gpt-oss-120b", 2881, small, small},   // 91 rows
+      // More than 64 experts of at least kLargeExpert: swapped 96x256 at 70-90 rows on the H100.
+      {"deepseek-v3", 2208, small, small},   // 69 rows
+      {"deepseek-v3", 2209, swap96, small},  // 70 rows
+      {"deepseek-v3", 2880, swap96, small},  // 90 rows
+      {"deepseek-v3", 2881, small, small},   // 91 rows
+      {"kimi-k2", 3312, small, small},       // 69 rows
+      {"kimi-k2", 3313, swap96, small},      // 70 rows
+      {"kimi-k2", 4096, swap96, small},      // 86 rows
+      {"kimi-k2", 4320, swap96, small},      // 90 rows
+      {"kimi-k2", 4321, small, small},       // 91 rows
+      {"mixtral-8x7b", 320, small, small},   // 80 rows on 8 experts: the few large experts' rules
       // Smaller experts: unchanged.
       {"qwen3-30b-a3b", 4096, small, small},    // 256 rows
       {"qwen3-next-80b", 16384, small, small},  // 320 rows

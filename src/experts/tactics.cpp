@@ -123,7 +123,7 @@ constexpr Gpus gpu_bit(TacticGpu g) {
 }
 struct HeuristicRule {
   int64_t min_rows = 0, max_rows = kAny, max_tokens = kAny, min_weights = 0, max_weights = kAny;
-  int64_t max_experts = kAny;
+  int64_t min_experts = 0, max_experts = kAny;
   int64_t max_load4 = kAny, max_shared = kAny;
   W13Forms w13 = kAnyW13;
   Gpus gpus = kAnyGpu;
@@ -164,8 +164,12 @@ constexpr HeuristicRule mid_sized(int64_t min_rows, int64_t max_rows, int gemm1,
 // where the tuner's 0.89 there came from a synthetic selection bias that left most experts idle); gpt-oss at 56 / 64
 // / 72 rows 0.979 / 0.898 / 0.974 (128 rows 1.034). With 3.35 TB/s against the H200's 4.92, the 128-row tile's half
 // as many reads of each weight tile outweigh its padding there; gpt-oss's mean at 56-72 rows puts about half its
-// experts past one 64-row tile. Routing skew was not measured on the H100.
-constexpr std::array<HeuristicRule, 19> kHeuristic{{
+// experts past one 64-row tile. Routing skew was not measured on the H100. And swapped 96x256 tiles at 70-90 rows on
+// more than 64 experts of at least kLargeExpert, whose rows then fit one row tile instead of two 64-row ones:
+// kimi-k2 at T = 4096 (86 rows, 384 experts) ran 0.790 of 64x256's time for both GEMMs (`bench moe --tuned`, its
+// default / tuned 1.266, "Sixty-fifth session"); the band's edges are the H200's for mid-sized experts, not measured
+// on large ones, and the few large experts of the rules below (mixtral) keep theirs.
+constexpr std::array<HeuristicRule, 20> kHeuristic{{
     {.max_load4 = 3, .max_shared = 0, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 1, .max_tokens = 4, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 16, .max_tokens = 64, .gemm1 = 5, .gemm2 = 5},
@@ -173,6 +177,13 @@ constexpr std::array<HeuristicRule, 19> kHeuristic{{
     {.min_rows = 192, .min_weights = kLargeExpert, .gpus = kH100Gpu, .gemm1 = 3, .gemm2 = 3},
     mid_sized(56, 72, 3, 3, kH100Gpu),
     mid_sized(73, 90, 4, 4, kH100Gpu),
+    {.min_rows = 70,
+     .max_rows = 90,
+     .min_weights = kLargeExpert,
+     .min_experts = 65,
+     .gpus = kH100Gpu,
+     .gemm1 = 6,
+     .gemm2 = 6},
     few_large(56, 64, 6, 6),
     few_large(65, 111, 3, 3, kInterleavedW13 | kUnfusedW13),
     few_large(112, 3071, 4, 4),
@@ -225,8 +236,9 @@ ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens, T
   auto load_at_most = [&](int64_t quarters) { return quarters == kAny || 4 * routed <= quarters * c.num_experts; };
   for (const HeuristicRule& r : kHeuristic)
     if (rows >= r.min_rows && rows <= r.max_rows && t <= r.max_tokens && weights >= r.min_weights &&
-        weights <= r.max_weights && c.num_experts <= r.max_experts && load_at_most(r.max_load4) &&
-        c.num_shared_experts <= r.max_shared && (r.w13 & detail::w13_form(c)) != 0 && (r.gpus & gpu_bit(gpu)) != 0)
+        weights <= r.max_weights && c.num_experts >= r.min_experts && c.num_experts <= r.max_experts &&
+        load_at_most(r.max_load4) && c.num_shared_experts <= r.max_shared && (r.w13 & detail::w13_form(c)) != 0 &&
+        (r.gpus & gpu_bit(gpu)) != 0)
       return {r.gemm1, r.gemm2};
   return {kHeuristic.back().gemm1, kHeuristic.back().gemm2};
 }
