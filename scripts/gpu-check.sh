@@ -156,17 +156,20 @@ if want bench; then
 fi
 
 # The unified layer: the demo through MoELayer ("auto" picks cuda_bf16), the tuned pair against the default pair at
-# T = 1, 64, 4096 per preset, and the wall time of tuning one preset over 7 token counts into a fresh cache.
+# T = 1, 64, 4096 per preset (kimi-k2 at 1 and 4096: 86 routed rows per expert on 384 large experts, where the H100's
+# rule takes swapped 96x256 tiles), and the wall time of tuning one preset over 7 token counts into a fresh cache.
 if want layer; then
   step demo_cuda "$moekit" demo --backend cuda
   for p in mixtral-8x7b qwen3-30b-a3b deepseek-v3 qwen3-next-80b gpt-oss-120b; do
     step "bench_moe_tuned_$p" "$moekit" bench moe --tuned --preset "$p" --json "$out/bench_moe_tuned_$p.json"
   done
+  step bench_moe_tuned_kimi-k2 "$moekit" bench moe --tuned --preset kimi-k2 --tokens 1,4096 \
+    --json "$out/bench_moe_tuned_kimi-k2.json"
   rm -f "$out/tune_qwen3.json" "$out/tune_qwen3.json.lock"
   step tune_qwen3 "$moekit" tune --preset qwen3-30b-a3b --tokens 1,16,64,256,1024,4096,16384 \
     --cache "$out/tune_qwen3.json" --progress lines
   show demo_cuda bench_moe_tuned_mixtral-8x7b bench_moe_tuned_qwen3-30b-a3b bench_moe_tuned_deepseek-v3 \
-    bench_moe_tuned_qwen3-next-80b bench_moe_tuned_gpt-oss-120b tune_qwen3
+    bench_moe_tuned_qwen3-next-80b bench_moe_tuned_gpt-oss-120b bench_moe_tuned_kimi-k2 tune_qwen3
 fi
 
 if want ep; then
