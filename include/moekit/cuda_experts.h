@@ -151,6 +151,11 @@ class CudaExperts {
 
 // ---- benchmark (`moekit bench moe`; defined in the moekit_bench library) ------------------------------------------
 
+/// The scale of every synthetic selection bias (presets with one: deepseek-v3, kimi-k2): `bench moe`'s default
+/// (MoeBenchOptions::bias_scale), `bench ep`'s, and the runners' synthetic weights that the tuner times on
+/// (Runner::build_synthetic()), so that all of them route alike.
+inline constexpr float kSyntheticBiasScale = 0.01f;
+
 struct MoeBenchOptions {
   std::string preset;           // a name from presets()
   std::vector<int64_t> tokens;  // T values to time
@@ -163,7 +168,7 @@ struct MoeBenchOptions {
   // every expert, as a trained load-balancing bias does (a NumPy model of deepseek-v3's routing at T = 1024: all
   // 256 experts, the busiest about twice the mean); 0.5, the setting of the numbers recorded before 2026-11-30,
   // outweighs the sigmoid keys (45-89 of 256 experts get rows). Finite, >= 0.
-  float bias_scale = 0.01f;
+  float bias_scale = kSyntheticBiasScale;
   // Routing skew: each expert's logit gets a fixed offset uniform in [-logit_skew, logit_skew) (the same for every
   // token, on top of logits uniform in [-2, 2)), so that some experts draw more rows than others, as a trained
   // router's do on a real batch. 0, the default, makes every routed expert equally likely. MoeBenchRow's

@@ -38,10 +38,9 @@ void ck(cudaError_t err, std::string_view call) {
 
 // Seeds of the logical tensors.
 enum Tensor : uint64_t { kW13 = 1, kW2 = 2, kHidden = 3, kLogits = 4, kBias = 5 };
-// Selection bias (deepseek-v3, kimi-k2) uniform in [-kBiasScale, kBiasScale): small beside the sigmoid keys, so that
-// rows reach every expert as under a trained load-balancing bias (at 0.1, 129 of deepseek-v3's 256 experts got rows
-// at T = 4096 with these logits; at 0.01, all 256).
-constexpr float kBiasScale = 0.01f;
+// Selection bias (deepseek-v3, kimi-k2) uniform in [-kSyntheticBiasScale, kSyntheticBiasScale): small beside the
+// sigmoid keys, so that rows reach every expert as under a trained load-balancing bias (at 0.1, 129 of deepseek-v3's
+// 256 experts got rows at T = 4096 with these logits; at 0.01, all 256).
 
 void fill(void* p, int64_t n, int64_t first, float scale, uint64_t seed, bool bf16, Stream s) {
   ep_detail::launch_hash_fill({p, n, first, scale, seed, bf16}, s);
@@ -168,7 +167,7 @@ EpBenchReport bench_ep(const EpBenchOptions& o) {
     Weights w = make_weights(global, 1, 0, o.seed, 0, s);
     DeviceBuffer bias(static_cast<size_t>(E) * 4, 0), hidden(static_cast<size_t>(W * tmax * H * 2), 0),
         logits(static_cast<size_t>(W * tmax * E * 4), 0), out(static_cast<size_t>(W * tmax * H * 2), 0);
-    fill(bias.data(), E, 0, kBiasScale, o.seed * 16 + kBias, false, s);
+    fill(bias.data(), E, 0, kSyntheticBiasScale, o.seed * 16 + kBias, false, s);
     const TensorView bias_view =
         preset.has_bias ? TensorView::contiguous(bias.data(), DType::f32, {E}, dev0) : TensorView{};
     CudaExperts experts(CudaExpertsArgs{global, w.view, W * tmax, preset.block, dev0});
@@ -201,7 +200,7 @@ EpBenchReport bench_ep(const EpBenchOptions& o) {
       Weights w = make_weights(global, W, r, o.seed, r, s);
       DeviceBuffer bias(static_cast<size_t>(E) * 4, r), hidden(static_cast<size_t>(tmax * H * 2), r),
           logits(static_cast<size_t>(tmax * E * 4), r), out(static_cast<size_t>(tmax * H * 2), r);
-      fill(bias.data(), E, 0, kBiasScale, o.seed * 16 + kBias, false, s);
+      fill(bias.data(), E, 0, kSyntheticBiasScale, o.seed * 16 + kBias, false, s);
       EpLayerArgs a;
       a.experts = global;
       a.routing = routing;

@@ -39,7 +39,7 @@ namespace {
 
 // The cuda_bf16 runner's version (part of every tuning key): bumped when its tactic table or heuristic changes, so
 // that a cache tuned without a tactic is not reused, or when what it times changes. 2: the swapped-operand grouped
-// GEMM. 3: synthetic selection bias of scale kSyntheticRoutingBiasScale instead of 0.5 (deepseek-v3, kimi-k2).
+// GEMM. 3: synthetic selection bias of scale kSyntheticBiasScale instead of 0.5 (deepseek-v3, kimi-k2).
 // 4: the H100's swapped 96x256 tiles at 70-90 rows on more than 64 large experts (a cache tuned before may hold the
 // old default pair as its pick there).
 constexpr std::string_view kCudaBf16Version = "4";

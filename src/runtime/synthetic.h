@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "moekit/cuda_experts.h"  // kSyntheticBiasScale
 #include "moekit/dtype.h"
 
 namespace moekit::detail {
@@ -46,15 +47,13 @@ struct SyntheticStream {
 /// Every runner's synthetic timing inputs (Runner::time_tactics() without a caller's logits), so that the runners
 /// time the same hidden states and routing: hidden [max_tokens, H] in [-1, 1), logits [max_tokens, E] in [-2, 2).
 inline constexpr SyntheticStream kTimingHidden{11, 1.0f}, kTimingLogits{12, 2.0f};
-/// Every runner's synthetic selection bias (presets with one: deepseek-v3, kimi-k2), uniform in [-scale, scale): the
-/// scale of `bench moe`'s default (MoeBenchOptions::bias_scale), which moves selections yet sends rows to every
-/// expert, as a trained load-balancing bias does. A scale of 0.5 outweighs the sigmoid keys of logits in [-2, 2)
-/// (45-89 of 256 experts get rows), and the tuner would time a routing no engine sees.
-inline constexpr float kSyntheticRoutingBiasScale = 0.01f;
-/// The stream of the selection bias among the synthetic weights of `weight_seed` (Runner::build_synthetic(); w13,
-/// w2, b13 and b2 take weight_seed + 0..3).
+/// The stream of every runner's synthetic selection bias (presets with one: deepseek-v3, kimi-k2) among the synthetic
+/// weights of `weight_seed` (Runner::build_synthetic(); w13, w2, b13 and b2 take weight_seed + 0..3), uniform in
+/// [-kSyntheticBiasScale, kSyntheticBiasScale) as `bench moe`'s: it moves selections yet sends rows to every expert,
+/// as a trained load-balancing bias does. A scale of 0.5 outweighs the sigmoid keys of logits in [-2, 2) (45-89 of
+/// 256 experts get rows), and the tuner would time a routing no engine sees.
 constexpr SyntheticStream synthetic_routing_bias(uint64_t weight_seed) {
-  return {weight_seed + 4, kSyntheticRoutingBiasScale};
+  return {weight_seed + 4, kSyntheticBiasScale};
 }
 
 inline void fill_uniform_bf16(std::span<uint16_t> out, uint64_t seed, float scale) {

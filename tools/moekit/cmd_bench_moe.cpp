@@ -39,7 +39,7 @@ struct BenchMoeCli {
   uint64_t seed = 1;
   int gemm1 = -1, gemm2 = -1;
   std::string json;
-  float bias_scale = 0.01f;
+  float bias_scale = kSyntheticBiasScale;
   float logit_skew = 0.0f;
   std::string gate_up;
   bool tuned = false;
