@@ -133,12 +133,16 @@ constexpr int64_t kLargeExpert = int64_t{24} << 20;  // 2I x H elements
 // 2I x H elements, between qwen3's 3.1M and gpt-oss's 16.6M: the interleaved band's 241-256 rows and the swapped
 // 96x256 band at 70-90 rows win on gpt-oss only.
 constexpr int64_t kMidExpert = int64_t{8} << 20;
-// A band of rows per expert for at most 64 experts of at least kLargeExpert weights each, for the w13 forms `form`.
+// At most this many experts of at least kLargeExpert are "few": the bands of few_large() were measured on mixtral's
+// 8 (llama4-scout has 16), and more experts (deepseek-v3's 256, kimi-k2's 384) do not take them.
+constexpr int64_t kFewExperts = 64;
+// A band of rows per expert for at most kFewExperts experts of at least kLargeExpert weights each, for the w13 forms
+// `form`.
 constexpr HeuristicRule few_large(int64_t min_rows, int64_t max_rows, int gemm1, int gemm2, W13Forms form = kAnyW13) {
   return {.min_rows = min_rows,
           .max_rows = max_rows,
           .min_weights = kLargeExpert,
-          .max_experts = 64,
+          .max_experts = kFewExperts,
           .w13 = form,
           .gemm1 = gemm1,
           .gemm2 = gemm2};
@@ -180,7 +184,7 @@ constexpr std::array<HeuristicRule, 20> kHeuristic{{
     {.min_rows = 70,
      .max_rows = 90,
      .min_weights = kLargeExpert,
-     .min_experts = 65,
+     .min_experts = kFewExperts + 1,
      .gpus = kH100Gpu,
      .gemm1 = 6,
      .gemm2 = 6},
