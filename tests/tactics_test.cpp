@@ -175,6 +175,7 @@ TEST(TacticHeuristic, H100RulesOverrideOnlyWhereMeasured) {
   const std::string large = "sm90_cooperative_128x256x64 / sm90_cooperative_128x256x64";
   const std::string small = "sm90_pingpong_64x256x64 / sm90_pingpong_64x256x64";
   const std::string swap96 = "sm90_swap_ab_cooperative_96x256x64 / sm90_swap_ab_cooperative_96x256x64";
+  const std::string mixed = "sm90_pingpong_64x256x64 / sm90_swap_ab_cooperative_96x256x64";
   struct Cell {
     const char* preset;
     int64_t tokens;
@@ -204,16 +205,20 @@ TEST(TacticHeuristic, H100RulesOverrideOnlyWhereMeasured) {
       {"gpt-oss-120b", 2305, small, swap96},  // 73 rows
       {"gpt-oss-120b", 2880, small, swap96},  // 90 rows
       {"gpt-oss-120b", 2881, small, small},   // 91 rows
-      // More than 64 experts of at least kLargeExpert: swapped 96x256 at 70-90 rows on the H100.
+      // More than 64 experts of at least kLargeExpert on the H100: deepseek-v3's 256 take swapped 96x256 for GEMM2
+      // at 70-80 rows and for both at 81-90, kimi-k2's 384 for both at 70-191 rows.
       {"deepseek-v3", 2208, small, small},   // 69 rows
-      {"deepseek-v3", 2209, swap96, small},  // 70 rows
+      {"deepseek-v3", 2209, mixed, small},   // 70 rows
+      {"deepseek-v3", 2560, mixed, small},   // 80 rows
+      {"deepseek-v3", 2561, swap96, small},  // 81 rows
       {"deepseek-v3", 2880, swap96, small},  // 90 rows
       {"deepseek-v3", 2881, small, small},   // 91 rows
       {"kimi-k2", 3312, small, small},       // 69 rows
       {"kimi-k2", 3313, swap96, small},      // 70 rows
       {"kimi-k2", 4096, swap96, small},      // 86 rows
-      {"kimi-k2", 4320, swap96, small},      // 90 rows
-      {"kimi-k2", 4321, small, small},       // 91 rows
+      {"kimi-k2", 4321, swap96, small},      // 91 rows
+      {"kimi-k2", 9168, swap96, small},      // 191 rows
+      {"kimi-k2", 9169, large, small},       // 192 rows
       {"mixtral-8x7b", 320, small, small},   // 80 rows on 8 experts: the few large experts' rules
       // Smaller experts: unchanged.
       {"qwen3-30b-a3b", 4096, small, small},    // 256 rows

@@ -147,6 +147,19 @@ constexpr HeuristicRule few_large(int64_t min_rows, int64_t max_rows, int gemm1,
           .gemm1 = gemm1,
           .gemm2 = gemm2};
 }
+// More than this many experts of at least kLargeExpert (kimi-k2's 384, not deepseek-v3's 256) take the H100's
+// swapped 96x256 tiles up to 191 rows per expert.
+constexpr int64_t kManyExperts = 256;
+// An H100 band of rows per expert for at least `min_experts` experts of at least kLargeExpert weights each.
+constexpr HeuristicRule many_large(int64_t min_rows, int64_t max_rows, int64_t min_experts, int gemm1, int gemm2) {
+  return {.min_rows = min_rows,
+          .max_rows = max_rows,
+          .min_weights = kLargeExpert,
+          .min_experts = min_experts,
+          .gpus = kH100Gpu,
+          .gemm1 = gemm1,
+          .gemm2 = gemm2};
+}
 // A band of rows per expert for experts of kMidExpert to kLargeExpert weights, on the GPUs `gpus`.
 constexpr HeuristicRule mid_sized(int64_t min_rows, int64_t max_rows, int gemm1, int gemm2, Gpus gpus = kAnyGpu) {
   return {.min_rows = min_rows,
@@ -168,12 +181,16 @@ constexpr HeuristicRule mid_sized(int64_t min_rows, int64_t max_rows, int gemm1,
 // where the tuner's 0.89 there came from a synthetic selection bias that left most experts idle); gpt-oss at 56 / 64
 // / 72 rows 0.979 / 0.898 / 0.974 (128 rows 1.034). With 3.35 TB/s against the H200's 4.92, the 128-row tile's half
 // as many reads of each weight tile outweigh its padding there; gpt-oss's mean at 56-72 rows puts about half its
-// experts past one 64-row tile. Routing skew was not measured on the H100. And swapped 96x256 tiles at 70-90 rows on
-// more than 64 experts of at least kLargeExpert, whose rows then fit one row tile instead of two 64-row ones:
-// kimi-k2 at T = 4096 (86 rows, 384 experts) ran 0.790 of 64x256's time for both GEMMs (`bench moe --tuned`, its
-// default / tuned 1.266, "Sixty-fifth session"); the band's edges are the H200's for mid-sized experts, not measured
-// on large ones, and the few large experts of the rules below (mixtral) keep theirs.
-constexpr std::array<HeuristicRule, 20> kHeuristic{{
+// experts past one 64-row tile. Routing skew was not measured on the H100. And swapped 96x256 tiles, which hold up to
+// 96 rows in one row tile where 64x256 takes two, on more than 64 experts of at least kLargeExpert (paired runs,
+// "Sixty-sixth session", experts graph time against the pair named): on kimi-k2's 384 experts for both GEMMs at
+// 70-191 rows, against 64x256 for both at 60 / 96 / 112 / 171 rows 0.994 / 0.751 / 0.729 / 0.736, against 64x256
+// for GEMM1 alone at 70 / 80 rows 0.953 / 0.891, against 128x256 at 192 / 256 rows 0.987 / 1.041 (the rule above
+// keeps 128x256 from 192); on deepseek-v3's 256 experts of the same shape for GEMM2 at 70-80 rows, against 64x256
+// for it at 70 / 80 rows 0.996 / 0.985, where GEMM1 keeps 64x256 (swapped 96x256 for it at 70 / 75 / 80 rows 1.025
+// / 1.017 / 1.003), and for both at 81-90 rows (90 rows: 0.937 of GEMM1 on 64x256; at 144 / 168 rows 1.017 / 0.984
+// of 64x256 for both, which stays). The few large experts of the rules below (mixtral) keep theirs.
+constexpr std::array<HeuristicRule, 22> kHeuristic{{
     {.max_load4 = 3, .max_shared = 0, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 1, .max_tokens = 4, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 16, .max_tokens = 64, .gemm1 = 5, .gemm2 = 5},
@@ -181,13 +198,9 @@ constexpr std::array<HeuristicRule, 20> kHeuristic{{
     {.min_rows = 192, .min_weights = kLargeExpert, .gpus = kH100Gpu, .gemm1 = 3, .gemm2 = 3},
     mid_sized(56, 72, 3, 3, kH100Gpu),
     mid_sized(73, 90, 4, 4, kH100Gpu),
-    {.min_rows = 70,
-     .max_rows = 90,
-     .min_weights = kLargeExpert,
-     .min_experts = kFewExperts + 1,
-     .gpus = kH100Gpu,
-     .gemm1 = 6,
-     .gemm2 = 6},
+    many_large(70, 191, kManyExperts + 1, 6, 6),
+    many_large(70, 80, kFewExperts + 1, 4, 6),
+    many_large(81, 90, kFewExperts + 1, 6, 6),
     few_large(56, 64, 6, 6),
     few_large(65, 111, 3, 3, kInterleavedW13 | kUnfusedW13),
     few_large(112, 3071, 4, 4),

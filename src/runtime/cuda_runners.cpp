@@ -41,8 +41,9 @@ namespace {
 // that a cache tuned without a tactic is not reused, or when what it times changes. 2: the swapped-operand grouped
 // GEMM. 3: synthetic selection bias of scale kSyntheticBiasScale instead of 0.5 (deepseek-v3, kimi-k2).
 // 4: the H100's swapped 96x256 tiles at 70-90 rows on more than 64 large experts (a cache tuned before may hold the
-// old default pair as its pick there).
-constexpr std::string_view kCudaBf16Version = "4";
+// old default pair as its pick there). 5: those bands reshaped (kimi-k2's 384 experts at 70-191 rows, GEMM1 on
+// 64x256 for deepseek-v3 at 70-80 rows).
+constexpr std::string_view kCudaBf16Version = "5";
 
 // Why a CUDA runner cannot serve `device` in this build, or "" when the device is usable.
 std::string cuda_unavailable_reason(Device device) {
