@@ -1,5 +1,5 @@
 // Instantiates the sm90 ptr-array grouped GEMM with swapped operands (out^T = W x^T: a 256-column weight tile as A,
-// up to 96 of the plan's rows as B), cooperative: one row tile for experts of 70-90 routed rows, where 64-row tiles
+// up to 96 of the plan's rows as B), cooperative: one row tile for experts of 65-96 routed rows, where 64-row tiles
 // need two (see sm90_grouped_gemm.cuh).
 #include "experts/cuda/sm90_grouped_gemm.cuh"
 
