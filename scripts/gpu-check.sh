@@ -156,14 +156,14 @@ if want bench; then
 fi
 
 # The unified layer: the demo through MoELayer ("auto" picks cuda_bf16), the tuned pair against the default pair at
-# T = 1, 64, 4096 per preset (kimi-k2 at 1 and 4096: 86 routed rows per expert on 384 large experts, where the H100's
-# rule takes swapped 96x256 tiles), and the wall time of tuning one preset over 7 token counts into a fresh cache.
+# T = 1, 64, 4096 per preset (kimi-k2 at 1, 4096 and 8192: 86 and 171 routed rows per expert on 384 large experts,
+# where the H100's rules take swapped 96x256 tiles and the H200's 64x256), and the wall time of tuning one preset over 7 token counts into a fresh cache.
 if want layer; then
   step demo_cuda "$moekit" demo --backend cuda
   for p in mixtral-8x7b qwen3-30b-a3b deepseek-v3 qwen3-next-80b gpt-oss-120b; do
     step "bench_moe_tuned_$p" "$moekit" bench moe --tuned --preset "$p" --json "$out/bench_moe_tuned_$p.json"
   done
-  step bench_moe_tuned_kimi-k2 "$moekit" bench moe --tuned --preset kimi-k2 --tokens 1,4096 \
+  step bench_moe_tuned_kimi-k2 "$moekit" bench moe --tuned --preset kimi-k2 --tokens 1,4096,8192 \
     --json "$out/bench_moe_tuned_kimi-k2.json"
   rm -f "$out/tune_qwen3.json" "$out/tune_qwen3.json.lock"
   step tune_qwen3 "$moekit" tune --preset qwen3-30b-a3b --tokens 1,16,64,256,1024,4096,16384 \
