@@ -1,11 +1,16 @@
 // The CUDA experts' tactic table as host code: the default heuristic's picks on the real presets (the H200's rules
 // and where the H100's differ), which GEMM1 tactics apply the activation themselves per w13 arrangement, the tactic
 // index checks, and which GPU's rules a device takes. No GPU and no CUDA needed.
+#include "experts/tactics.h"
+
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "error_of.h"
 #include "moekit/cuda_experts.h"
@@ -270,6 +275,31 @@ TEST(TacticHeuristic, ActivationInGemm1WhereAFusedFormExists) {
               std::string::npos)
         << message;
   }
+}
+
+// Every rule of the default heuristic picks the pair somewhere: none is shadowed by the rules before it. Swept over
+// the presets with each w13 arrangement (and I off a multiple of kHalvesRows, for the unfused form), with and without
+// their shared experts, at every T up to 16384 on both GPUs' rules.
+TEST(TacticHeuristic, EveryRuleIsReachable) {
+  const size_t count = detail::default_tactic_rule_count();
+  ASSERT_GT(count, 0u);
+  std::vector<int64_t> hits(count, 0);
+  for (const Preset& p : presets())
+    for (GateUpLayout layout : {GateUpLayout::gate_first, GateUpLayout::up_first, GateUpLayout::interleaved})
+      for (int64_t intermediate : {p.experts.intermediate, p.experts.intermediate + 64})
+        for (int shared : {0, p.experts.num_shared_experts})
+          for (TacticGpu gpu : {TacticGpu::h200, TacticGpu::h100}) {
+            ExpertConfig c = p.experts;
+            c.gate_up = layout;
+            c.intermediate = intermediate;
+            c.num_shared_experts = shared;
+            for (int64_t t = 1; t <= 16384; ++t) {
+              const size_t rule = detail::default_tactic_rule(c, t, gpu);
+              ASSERT_LT(rule, count);
+              ++hits[rule];
+            }
+          }
+  for (size_t i = 0; i < count; ++i) EXPECT_GT(hits[i], 0) << "rule " << i << " of " << count << " is never taken";
 }
 
 // The rules a device gets: the H100 SXM's and GPUs with as little DRAM bandwidth per SM take h100's, the H200 and

@@ -245,19 +245,30 @@ bool cuda_expert_gemm1_fuses_activation(const ExpertConfig& config, int gemm1) {
   }
 }
 
-ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens, TacticGpu gpu) {
+size_t detail::default_tactic_rule(const ExpertConfig& c, int64_t tokens, TacticGpu gpu) {
   const int64_t t = std::max<int64_t>(tokens, 1), routed = t * c.top_k;
   const int64_t active = std::min<int64_t>(c.num_experts, routed);
   const int64_t rows = (routed + active - 1) / active;
   const int64_t weights = int64_t{2} * c.intermediate * c.hidden;
   auto load_at_most = [&](int64_t quarters) { return quarters == kAny || 4 * routed <= quarters * c.num_experts; };
-  for (const HeuristicRule& r : kHeuristic)
+  for (size_t i = 0; i < kHeuristic.size(); ++i) {
+    const HeuristicRule& r = kHeuristic[i];
     if (rows >= r.min_rows && rows <= r.max_rows && t <= r.max_tokens && weights >= r.min_weights &&
         weights <= r.max_weights && c.num_experts >= r.min_experts && c.num_experts <= r.max_experts &&
         load_at_most(r.max_load4) && c.num_shared_experts <= r.max_shared && (r.w13 & detail::w13_form(c)) != 0 &&
         (r.gpus & gpu_bit(gpu)) != 0)
-      return {r.gemm1, r.gemm2};
-  return {kHeuristic.back().gemm1, kHeuristic.back().gemm2};
+      return i;
+  }
+  return kHeuristic.size() - 1;
+}
+
+size_t detail::default_tactic_rule_count() {
+  return kHeuristic.size();
+}
+
+ExpertTactic cuda_expert_default_tactic(const ExpertConfig& c, int64_t tokens, TacticGpu gpu) {
+  const HeuristicRule& r = kHeuristic[detail::default_tactic_rule(c, tokens, gpu)];
+  return {r.gemm1, r.gemm2};
 }
 
 TacticGpu tactic_gpu_of(const DeviceInfo& info) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -43,6 +44,13 @@ W13Forms w13_form(const ExpertConfig& c);
 /// here.
 inline constexpr std::array<bool, kTactics.size()> kFusedInterleaved{false, false, false, true, true, true, false};
 inline constexpr std::array<bool, kTactics.size()> kFusedHalves{false, false, false, false, true, true, false};
+
+/// The index, in the default heuristic's table of rules (src/experts/tactics.cpp), of the rule that picks
+/// cuda_expert_default_tactic(c, tokens, gpu): the first that matches, else the last. For tests that every rule is
+/// reachable, i.e. none is shadowed by the rules before it.
+size_t default_tactic_rule(const ExpertConfig& c, int64_t tokens, TacticGpu gpu);
+/// The number of rules in that table.
+size_t default_tactic_rule_count();
 
 /// Throws NotSupported naming the valid indices unless 0 <= index < kTactics.size(); `which` is "gemm1" or "gemm2".
 void check_tactic(int index, std::string_view which);
