@@ -157,7 +157,8 @@ fi
 
 # The unified layer: the demo through MoELayer ("auto" picks cuda_bf16), the tuned pair against the default pair at
 # T = 1, 64, 4096 per preset (kimi-k2 at 1, 4096 and 8192: 86 and 171 routed rows per expert on 384 large experts,
-# where the H100's rules take swapped 96x256 tiles and the H200's 64x256), and the wall time of tuning one preset over 7 token counts into a fresh cache.
+# where the H100's rules take swapped 96x256 tiles and the H200's 64x256), and the wall time of tuning one preset
+# over 7 token counts into a fresh cache.
 if want layer; then
   step demo_cuda "$moekit" demo --backend cuda
   for p in mixtral-8x7b qwen3-30b-a3b deepseek-v3 qwen3-next-80b gpt-oss-120b; do
