@@ -36,11 +36,11 @@ void ck(cudaError_t err, std::string_view call) {
   detail::check_cuda(err, "bench", call);
 }
 
-// Seeds of the logical tensors.
+// Seeds of the logical tensors. The selection bias (kBias; deepseek-v3, kimi-k2) is uniform in
+// [-kSyntheticBiasScale, kSyntheticBiasScale): small beside the sigmoid keys, so that rows reach every expert as
+// under a trained load-balancing bias (at 0.1, 129 of deepseek-v3's 256 experts got rows at T = 4096 with these
+// logits; at 0.01, all 256).
 enum Tensor : uint64_t { kW13 = 1, kW2 = 2, kHidden = 3, kLogits = 4, kBias = 5 };
-// Selection bias (deepseek-v3, kimi-k2) uniform in [-kSyntheticBiasScale, kSyntheticBiasScale): small beside the
-// sigmoid keys, so that rows reach every expert as under a trained load-balancing bias (at 0.1, 129 of deepseek-v3's
-// 256 experts got rows at T = 4096 with these logits; at 0.01, all 256).
 
 void fill(void* p, int64_t n, int64_t first, float scale, uint64_t seed, bool bf16, Stream s) {
   ep_detail::launch_hash_fill({p, n, first, scale, seed, bf16}, s);
