@@ -211,13 +211,15 @@ TEST(TacticHeuristic, H100RulesOverrideOnlyWhereMeasured) {
       {"gpt-oss-120b", 2880, small, swap96},  // 90 rows
       {"gpt-oss-120b", 2881, small, small},   // 91 rows
       // More than 64 experts of at least kLargeExpert on the H100: deepseek-v3's 256 take swapped 96x256 for GEMM2
-      // at 70-80 rows and for both at 81-90, kimi-k2's 384 for both at 70-191 rows.
+      // at 70-80 rows and for both at 81-128, kimi-k2's 384 for both at 70-191 rows.
       {"deepseek-v3", 2208, small, small},   // 69 rows
       {"deepseek-v3", 2209, mixed, small},   // 70 rows
       {"deepseek-v3", 2560, mixed, small},   // 80 rows
       {"deepseek-v3", 2561, swap96, small},  // 81 rows
       {"deepseek-v3", 2880, swap96, small},  // 90 rows
-      {"deepseek-v3", 2881, small, small},   // 91 rows
+      {"deepseek-v3", 3584, swap96, small},  // 112 rows
+      {"deepseek-v3", 4096, swap96, small},  // 128 rows
+      {"deepseek-v3", 4097, small, small},   // 129 rows
       {"kimi-k2", 3312, small, small},       // 69 rows
       {"kimi-k2", 3313, swap96, small},      // 70 rows
       {"kimi-k2", 4096, swap96, small},      // 86 rows

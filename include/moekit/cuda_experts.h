@@ -70,8 +70,9 @@ struct ExpertTactic {
 
 /// The GPU whose measured rules the default heuristic applies. The rules were fitted on an H200 (peak DRAM 4.92 TB/s,
 /// 37 GB/s per SM); where paired runs on an H100 SXM (3.35 TB/s, 25 GB/s per SM) favoured other tiles (the
-/// cooperative 128x256 tile, which reads fewer bytes per FLOP, on large experts; swapped 96x256 tiles that hold up to
-/// 96 rows per expert in one row tile on many large experts), rules for h100 come first.
+/// cooperative 128x256 tile, which reads fewer bytes per FLOP, on large experts; swapped 96x256 tiles on many large
+/// experts at 70-191 rows per expert, which hold up to 96 rows in one row tile and, with two, read the weights from
+/// DRAM fewer times than 64x256 tiles), rules for h100 come first.
 enum class TacticGpu : uint8_t {
   h200,  // the rules fitted on an H200; every GPU with at least kLeanDramPerSm of DRAM bandwidth per SM
   h100,  // the H100 SXM's rules first, then the H200's; GPUs with less

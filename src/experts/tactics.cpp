@@ -188,8 +188,11 @@ constexpr HeuristicRule mid_sized(int64_t min_rows, int64_t max_rows, int gemm1,
 // for GEMM1 alone at 70 / 80 rows 0.953 / 0.891, against 128x256 at 192 / 256 rows 0.987 / 1.041 (the rule above
 // keeps 128x256 from 192); on deepseek-v3's 256 experts of the same shape for GEMM2 at 70-80 rows, against 64x256
 // for it at 70 / 80 rows 0.996 / 0.985, where GEMM1 keeps 64x256 (swapped 96x256 for it at 70 / 75 / 80 rows 1.025
-// / 1.017 / 1.003), and for both at 81-90 rows (90 rows: 0.937 of GEMM1 on 64x256; at 144 / 168 rows 1.017 / 0.984
-// of 64x256 for both, which stays). The few large experts of the rules below (mixtral) keep theirs.
+// / 1.017 / 1.003), and for both at 81-128 rows (90 rows: 0.937 of GEMM1 on 64x256; at 144 / 168 rows 1.017 / 0.984
+// of 64x256 for both, which stays). From 91 to 128 rows ("Sixty-seventh session", deepseek-v3, experts graph time of
+// runs one after another on one H100): 112 rows 0.716 of 64x256 for both (whose GEMM1 read 26.3 GB from DRAM for
+// 15.0 GB of weights, against 16.7 GB on the swapped tiles), 128 rows 0.980-0.984. The few large experts of the
+// rules below (mixtral) keep theirs.
 constexpr std::array<HeuristicRule, 22> kHeuristic{{
     {.max_load4 = 3, .max_shared = 0, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 1, .max_tokens = 4, .gemm1 = 0, .gemm2 = 0},
@@ -200,7 +203,7 @@ constexpr std::array<HeuristicRule, 22> kHeuristic{{
     mid_sized(73, 90, 4, 4, kH100Gpu),
     many_large(70, 191, kManyExperts + 1, 6, 6),
     many_large(70, 80, kFewExperts + 1, 4, 6),
-    many_large(81, 90, kFewExperts + 1, 6, 6),
+    many_large(81, 128, kFewExperts + 1, 6, 6),
     few_large(56, 64, 6, 6),
     few_large(65, 111, 3, 3, kInterleavedW13 | kUnfusedW13),
     few_large(112, 3071, 4, 4),
