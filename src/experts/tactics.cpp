@@ -191,7 +191,7 @@ constexpr HeuristicRule mid_sized(int64_t min_rows, int64_t max_rows, int gemm1,
 // / 1.017 / 1.003), and for both at 81-128 rows (90 rows: 0.937 of GEMM1 on 64x256; at 144 / 168 rows 1.017 / 0.984
 // of 64x256 for both, which stays). From 91 to 128 rows ("Sixty-seventh session", deepseek-v3, experts graph time of
 // runs one after another on one H100): 112 rows 0.716 of 64x256 for both (whose GEMM1 read 26.3 GB from DRAM for
-// 15.0 GB of weights, against 16.7 GB on the swapped tiles), 128 rows 0.980-0.984. The few large experts of the
+// 15.1 GB of weights, against 16.7 GB on the swapped tiles), 128 rows 0.980-0.984. The few large experts of the
 // rules below (mixtral) keep theirs.
 constexpr std::array<HeuristicRule, 22> kHeuristic{{
     {.max_load4 = 3, .max_shared = 0, .gemm1 = 0, .gemm2 = 0},
