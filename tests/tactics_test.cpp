@@ -181,6 +181,7 @@ TEST(TacticHeuristic, H100RulesOverrideOnlyWhereMeasured) {
   const std::string small = "sm90_pingpong_64x256x64 / sm90_pingpong_64x256x64";
   const std::string swap96 = "sm90_swap_ab_cooperative_96x256x64 / sm90_swap_ab_cooperative_96x256x64";
   const std::string mixed = "sm90_pingpong_64x256x64 / sm90_swap_ab_cooperative_96x256x64";
+  const std::string swap_g1 = "sm90_swap_ab_cooperative_96x256x64 / sm90_pingpong_64x256x64";
   struct Cell {
     const char* preset;
     int64_t tokens;
@@ -202,14 +203,19 @@ TEST(TacticHeuristic, H100RulesOverrideOnlyWhereMeasured) {
       {"deepseek-v3", 8192, large, small},    // 256 rows
       {"deepseek-v3", 16384, large, large},   // 512 rows
       // Experts of kMidExpert to kLargeExpert (gpt-oss): 128x256 at 56-72 rows on the H100, 64x256 at 73-90 rows
-      // where the H200 takes swapped 96x256.
-      {"gpt-oss-120b", 1760, small, small},   // 55 rows
-      {"gpt-oss-120b", 1761, large, small},   // 56 rows
-      {"gpt-oss-120b", 2048, large, small},   // 64 rows
-      {"gpt-oss-120b", 2304, large, swap96},  // 72 rows
-      {"gpt-oss-120b", 2305, small, swap96},  // 73 rows
-      {"gpt-oss-120b", 2880, small, swap96},  // 90 rows
-      {"gpt-oss-120b", 2881, small, small},   // 91 rows
+      // where the H200 takes swapped 96x256, GEMM1 on swapped 96x256 at 97-117 rows.
+      {"gpt-oss-120b", 1760, small, small},    // 55 rows
+      {"gpt-oss-120b", 1761, large, small},    // 56 rows
+      {"gpt-oss-120b", 2048, large, small},    // 64 rows
+      {"gpt-oss-120b", 2304, large, swap96},   // 72 rows
+      {"gpt-oss-120b", 2305, small, swap96},   // 73 rows
+      {"gpt-oss-120b", 2880, small, swap96},   // 90 rows
+      {"gpt-oss-120b", 2881, small, small},    // 91 rows
+      {"gpt-oss-120b", 3072, small, small},    // 96 rows
+      {"gpt-oss-120b", 3073, swap_g1, small},  // 97 rows
+      {"gpt-oss-120b", 3584, swap_g1, small},  // 112 rows
+      {"gpt-oss-120b", 3744, swap_g1, small},  // 117 rows
+      {"gpt-oss-120b", 3745, small, small},    // 118 rows
       // More than 64 experts of at least kLargeExpert on the H100: deepseek-v3's 256 take swapped 96x256 for GEMM2
       // at 70-80 rows and for both at 81-128, kimi-k2's 384 for both at 70-191 rows.
       {"deepseek-v3", 2208, small, small},   // 69 rows

@@ -192,8 +192,11 @@ constexpr HeuristicRule mid_sized(int64_t min_rows, int64_t max_rows, int gemm1,
 // of 64x256 for both, which stays). From 91 to 128 rows ("Sixty-seventh session", deepseek-v3, experts graph time of
 // runs one after another on one H100): 112 rows 0.716 of 64x256 for both (whose GEMM1 read 26.3 GB from DRAM for
 // 15.1 GB of weights, against 16.7 GB on the swapped tiles), 128 rows 0.980-0.984. The few large experts of the
-// rules below (mixtral) keep theirs.
-constexpr std::array<HeuristicRule, 22> kHeuristic{{
+// rules below (mixtral) keep theirs. On experts of kMidExpert to kLargeExpert (gpt-oss), GEMM1 on swapped 96x256
+// and GEMM2 on 64x256 at 97-117 rows ("Seventieth session", paired, against 64x256 for both: 100 / 108 / 112 / 116
+// rows 0.921 / 0.922 / 0.961 / 0.951; at 96 / 120 / 124 rows 1.082 / 1.021 / 1.088; swapped 96x256 for both at
+// 100 / 112 / 128 rows 0.933 / 0.952 / 1.104).
+constexpr std::array<HeuristicRule, 23> kHeuristic{{
     {.max_load4 = 3, .max_shared = 0, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 1, .max_tokens = 4, .gemm1 = 0, .gemm2 = 0},
     {.max_rows = 16, .max_tokens = 64, .gemm1 = 5, .gemm2 = 5},
@@ -201,6 +204,7 @@ constexpr std::array<HeuristicRule, 22> kHeuristic{{
     {.min_rows = 192, .min_weights = kLargeExpert, .gpus = kH100Gpu, .gemm1 = 3, .gemm2 = 3},
     mid_sized(56, 72, 3, 3, kH100Gpu),
     mid_sized(73, 90, 4, 4, kH100Gpu),
+    mid_sized(97, 117, 6, 4, kH100Gpu),
     many_large(70, 191, kManyExperts + 1, 6, 6),
     many_large(70, 80, kFewExperts + 1, 4, 6),
     many_large(81, 128, kFewExperts + 1, 6, 6),

@@ -43,8 +43,8 @@ namespace {
 // 4: the H100's swapped 96x256 tiles at 70-90 rows on more than 64 large experts (a cache tuned before may hold the
 // old default pair as its pick there). 5: those bands reshaped (kimi-k2's 384 experts at 70-191 rows, GEMM1 on
 // 64x256 for deepseek-v3 at 70-80 rows). 6: deepseek-v3's band of swapped 96x256 for both GEMMs on the H100 up to
-// 128 rows (was 90).
-constexpr std::string_view kCudaBf16Version = "6";
+// 128 rows (was 90). 7: gpt-oss-sized experts' GEMM1 on swapped 96x256 at 97-117 rows on the H100.
+constexpr std::string_view kCudaBf16Version = "7";
 
 // Why a CUDA runner cannot serve `device` in this build, or "" when the device is usable.
 std::string cuda_unavailable_reason(Device device) {
